@@ -1,0 +1,1 @@
+"""stream: events -> feature rows -> Arrow batches. Never imports torch."""

@@ -1,0 +1,80 @@
+"""The Faust featurizer: a thin agent around featurize.featurize_records.
+
+adstream.events --take_events(n, within)--> featurize_records --> adstream.batches (Arrow IPC)
+                                                              \--> adstream.events.dlq (reason header)
+Records are read as raw bytes (one event or a newline-separated bundle); the agent never raises
+on input, so one bad event cannot stop it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import faust
+from prometheus_client import Counter, start_http_server
+
+from stream.batch_codec import encode_batch
+from stream.featurize import featurize_records
+from stream.records import RawRecord
+from stream.schema import load_schema
+from stream.settings import KafkaSettings, StreamSettings
+
+log = logging.getLogger("adstream.stream")
+EVENTS = Counter("adstream_stream_events_total", "events featurized into batches")
+REJECTED = Counter("adstream_stream_rejected_total", "events sent to the dead-letter topic")
+BATCHES = Counter("adstream_stream_batches_total", "Arrow batches written")
+
+
+def build_app(kafka: KafkaSettings, settings: StreamSettings) -> faust.App:
+    schema = load_schema(settings.schema)
+    app = faust.App(
+        settings.app_id,
+        broker=f"kafka://{kafka.bootstrap}",
+        store="memory://",
+        web_enabled=False,
+        topic_partitions=kafka.partitions,
+        consumer_auto_offset_reset="earliest",
+        producer_max_request_size=kafka.max_message_bytes,
+        consumer_max_fetch_size=kafka.max_message_bytes,
+        producer_compression_type="lz4",
+        topic_allow_declare=False,
+    )
+    raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
+    events_topic = app.topic(kafka.events_topic, **raw)  # type: ignore[arg-type]
+    batches_topic = app.topic(kafka.batches_topic, **raw)  # type: ignore[arg-type]
+    dlq_topic = app.topic(kafka.dlq_topic, **raw)  # type: ignore[arg-type]
+
+    @app.agent(events_topic)
+    async def featurize_agent(stream: faust.StreamT) -> None:
+        async for events in stream.take_events(settings.batch_events, within=settings.batch_within_s):
+            records = [RawRecord(e.message.partition, e.message.offset, e.value or b"") for e in events]
+            try:
+                batch, rejected = featurize_records(records, schema)
+            except Exception:  # a bug, not bad input: keep the records, never lose them silently
+                log.exception("featurize failed; sending %d records to the DLQ", len(records))
+                for r in records:
+                    await dlq_topic.send(value=r.value, headers={"reason": b"featurizer crashed", "stage": b"stream"})
+                continue
+            for bad in rejected:
+                source = f"{bad.partition}:{bad.offset}".encode()
+                headers = {"reason": bad.reason.encode(), "stage": b"stream", "source": source}
+                await dlq_topic.send(value=bad.value, headers=headers)
+            REJECTED.inc(len(rejected))
+            if len(batch):
+                await batches_topic.send(key=batch.event_ids[0].encode(), value=encode_batch(batch))
+                EVENTS.inc(len(batch))
+                BATCHES.inc()
+
+    return app
+
+
+def run_worker(kafka: KafkaSettings, settings: StreamSettings, loglevel: str = "warning") -> None:
+    """Run the Faust worker in the foreground until SIGINT/SIGTERM."""
+    from stream.topics import ensure_topics
+
+    ensure_topics(kafka)
+    app = build_app(kafka, settings)
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port)
+    worker = faust.Worker(app, loglevel=loglevel, quiet=True)
+    worker.execute_from_commandline()

@@ -1,0 +1,69 @@
+"""FeatureBatch <-> Arrow IPC stream bytes (one record batch), the value of `adstream.batches`.
+
+Columns: label f32, dense fixed_list<f32>[D], ids fixed_list<i64>[F], ts i64, event_id str,
+partition i32, offset i64. Schema metadata carries the schema hash and a format version.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from stream.errors import BatchCodecError
+from stream.records import FeatureBatch
+
+FORMAT_VERSION = b"1"
+
+
+def encode_batch(batch: FeatureBatch) -> bytes:
+    n = len(batch)
+    d = batch.dense.shape[1]
+    f = batch.ids.shape[1]
+    columns = [
+        pa.array(batch.labels, type=pa.float32()),
+        pa.FixedSizeListArray.from_arrays(pa.array(batch.dense.reshape(-1), pa.float32()), d),
+        pa.FixedSizeListArray.from_arrays(pa.array(batch.ids.reshape(-1), pa.int64()), f),
+        pa.array(batch.ts, type=pa.int64()),
+        pa.array(batch.event_ids, type=pa.string()),
+        pa.array(batch.partitions, type=pa.int32()),
+        pa.array(batch.offsets, type=pa.int64()),
+    ]
+    names = ["label", "dense", "ids", "ts", "event_id", "partition", "offset"]
+    meta = {b"schema_hash": batch.schema_hash.encode(), b"format": FORMAT_VERSION}
+    record_batch = pa.RecordBatch.from_arrays(columns, names=names).replace_schema_metadata(meta)
+    assert record_batch.num_rows == n
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, record_batch.schema) as writer:
+        writer.write_batch(record_batch)
+    return sink.getvalue().to_pybytes()
+
+
+def decode_batch(data: bytes) -> FeatureBatch:
+    try:
+        reader = pa.ipc.open_stream(pa.py_buffer(data))
+        table = reader.read_all()
+    except pa.ArrowInvalid as exc:
+        raise BatchCodecError(f"batch: not an Arrow IPC stream ({exc})") from None
+    meta = table.schema.metadata or {}
+    if meta.get(b"format") != FORMAT_VERSION:
+        raise BatchCodecError(f"batch: format {meta.get(b'format')!r}, this version reads {FORMAT_VERSION!r}")
+    table = table.combine_chunks()
+    n = table.num_rows
+
+    def fixed(name: str, dtype: type) -> np.ndarray:
+        col = table.column(name).chunk(0) if n else None
+        if col is None:
+            width = table.schema.field(name).type.list_size
+            return np.zeros((0, width), dtype=dtype)
+        return col.flatten().to_numpy(zero_copy_only=False).astype(dtype, copy=False).reshape(n, -1)
+
+    return FeatureBatch(
+        labels=table.column("label").to_numpy().astype(np.float32, copy=False),
+        dense=fixed("dense", np.float32),
+        ids=fixed("ids", np.int64),
+        ts=table.column("ts").to_numpy().astype(np.int64, copy=False),
+        event_ids=tuple(table.column("event_id").to_pylist()),
+        partitions=table.column("partition").to_numpy().astype(np.int32, copy=False),
+        offsets=table.column("offset").to_numpy().astype(np.int64, copy=False),
+        schema_hash=meta[b"schema_hash"].decode(),
+    )

@@ -1,0 +1,24 @@
+"""Settings of the Kafka side and of the featurizer. Built by adstream/config.py from TOML or flags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    bootstrap: str = "127.0.0.1:19092"  # host:port of a broker
+    events_topic: str = "adstream.events"  # raw JSON events (or bundles), key = event id
+    batches_topic: str = "adstream.batches"  # Arrow IPC feature batches
+    dlq_topic: str = "adstream.events.dlq"  # rejected lines, header "reason"
+    partitions: int = 2  # partitions of each topic when adstream creates it
+    max_message_bytes: int = 4 << 20  # topic max.message.bytes, producer and consumer limits
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    schema: str = "criteo"  # bundled schema name or path to a schema TOML file
+    batch_events: int = 1024  # events per Arrow batch (~400 KB for Criteo: under Kafka's 1 MB)
+    batch_within_s: float = 1.0  # flush a partial batch after this many seconds
+    app_id: str = "adstream-featurizer"  # Faust app id = Kafka consumer group
+    metrics_port: int = 0  # Prometheus endpoint of the worker; 0 = off

@@ -1,0 +1,30 @@
+"""Create adstream's topics (idempotent) with the partition count and message limit of the settings."""
+
+from __future__ import annotations
+
+from stream.errors import StreamError
+from stream.settings import KafkaSettings
+
+
+def ensure_topics(kafka: KafkaSettings, timeout_s: float = 30.0) -> list[str]:
+    """Create events, batches and DLQ topics if absent; returns the names created."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    try:
+        existing = set(admin.list_topics(timeout=timeout_s).topics)
+    except KafkaException as exc:
+        raise StreamError(f"kafka at {kafka.bootstrap}: unreachable ({exc}); start it with `adstream up`") from None
+    config = {"max.message.bytes": str(kafka.max_message_bytes)}
+    wanted = [kafka.events_topic, kafka.batches_topic, kafka.dlq_topic]
+    new = [NewTopic(t, num_partitions=kafka.partitions, replication_factor=1, config=config) for t in wanted if t not in existing]
+    if not new:
+        return []
+    for topic, future in admin.create_topics(new, operation_timeout=timeout_s).items():
+        try:
+            future.result()
+        except KafkaException as exc:
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise StreamError(f"kafka: cannot create topic {topic}: {exc}") from None
+    return [t.topic for t in new]
