@@ -21,10 +21,10 @@ class SyntheticConfig:
     seed: int = 7  # same seed, same stream
     zipf_exponent: float = 1.15  # popularity skew of category values
     vocab_min: int = 4  # smallest category vocabulary
-    vocab_max: int = 20000  # largest category vocabulary
-    weight_std: float = 0.45  # spread of per-value weights
+    vocab_max: int = 1000  # largest category vocabulary
+    weight_std: float = 0.5  # spread of per-value weights
     factor_dim: int = 4  # width of interaction factors
-    factor_std: float = 0.45  # spread of interaction factors
+    factor_std: float = 0.3  # spread of interaction factors
     interacting_fields: int = 6  # number of categorical fields that interact pairwise
     dense_weight_std: float = 0.15  # spread of dense effects (per log-count)
     base_ctr: float = 0.25  # roughly the positive rate

@@ -1,0 +1,1 @@
+"""trainer: batches -> train steps -> snapshots published to MLflow."""

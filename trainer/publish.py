@@ -1,0 +1,72 @@
+"""Publish to MLflow: one run per training job (params, metrics), each snapshot as run artifacts,
+registered as a new model version and given the serving alias."""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+from trainer.errors import TrainerError
+from trainer.settings import MlflowSettings
+
+log = logging.getLogger("adstream.trainer")
+
+
+class Publisher:
+    def __init__(self, settings: MlflowSettings, run_name: str | None = None, params: dict[str, object] | None = None):
+        import mlflow
+        from mlflow import MlflowClient
+
+        self.settings = settings
+        mlflow.set_tracking_uri(settings.tracking_uri)
+        self.client = MlflowClient(settings.tracking_uri)
+        try:
+            experiment = self.client.get_experiment_by_name(settings.experiment)
+            experiment_id = (
+                experiment.experiment_id if experiment else self.client.create_experiment(settings.experiment)
+            )
+        except Exception as exc:  # the MLflow client raises many kinds on a dead server
+            raise TrainerError(
+                f"mlflow at {settings.tracking_uri}: unreachable ({type(exc).__name__}); start it with `adstream up`"
+            ) from None
+        self.run = self.client.create_run(experiment_id, run_name=run_name)
+        self.run_id = self.run.info.run_id
+        if params:
+            for key, value in params.items():
+                self.client.log_param(self.run_id, key, str(value)[:500])
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        clean = [Metric(k, float(v), now, step) for k, v in metrics.items() if not math.isnan(float(v))]
+        if clean:
+            self.client.log_batch(self.run_id, metrics=clean)
+
+    def publish_snapshot(self, folder: Path, step: int) -> str:
+        """Upload a snapshot folder, register it as a version, point the alias at it. Returns the version."""
+        artifact_path = f"snapshots/step-{step:09d}"
+        self.client.log_artifacts(self.run_id, str(folder), artifact_path)
+        name = self.settings.model_name
+        if not self._model_exists(name):
+            self.client.create_registered_model(name)
+        source = f"{self.run.info.artifact_uri}/{artifact_path}"
+        version = self.client.create_model_version(name, source=source, run_id=self.run_id)
+        self.client.set_registered_model_alias(name, self.settings.alias, version.version)
+        log.info("published %s version %s (step %d)", name, version.version, step)
+        return str(version.version)
+
+    def _model_exists(self, name: str) -> bool:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.get_registered_model(name)
+            return True
+        except MlflowException:
+            return False
+
+    def finish(self, status: str = "FINISHED") -> None:
+        self.client.set_terminated(self.run_id, status=status)

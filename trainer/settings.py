@@ -1,0 +1,32 @@
+"""Trainer settings. Built by adstream/config.py from TOML or flags; unknown keys are errors there."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    group_id: str = "adstream-trainer"  # Kafka consumer group on the batches topic
+    batch_size: int = 1024  # events per train step (whole stream batches are never split)
+    embed_dim: int = 8  # factor width per field
+    hidden: tuple[int, ...] = (128, 64)  # MLP widths
+    lr: float = 0.001  # Adam learning rate of the dense network
+    sparse_lr: float = 0.01  # sparse Adam learning rate of the embedding rows
+    seed: int = 0  # seeds the dense init and the embedding initializer
+    ram_bytes: int = 2 << 30  # budget of the in-memory embedding tier, bytes (required by the store)
+    snapshot_every_steps: int = 200  # take a snapshot after this many steps...
+    snapshot_every_s: float = 60.0  # ...or this many seconds, whichever comes first
+    snapshot_dir: str = ".state/snapshots"  # local folder for snapshots before upload
+    metrics_window: int = 10_000  # events in the sliding-window AUC/logloss
+    log_every_steps: int = 20  # MLflow metrics every this many steps
+    metrics_port: int = 0  # Prometheus endpoint; 0 = off
+    threads: int = 0  # torch threads; 0 = torch's default
+
+
+@dataclass(frozen=True)
+class MlflowSettings:
+    tracking_uri: str = "http://127.0.0.1:15000"  # MLflow tracking server
+    experiment: str = "adstream"  # experiment of training runs
+    model_name: str = "adstream-ctr"  # registered model name
+    alias: str = "live"  # alias set on each new version ("latest" is reserved by MLflow)

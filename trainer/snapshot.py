@@ -1,0 +1,130 @@
+"""Snapshots: a folder with a manifest, dense weights and embedding rows. Never a pickle.
+
+    manifest.json            format, schema name/hash, model and table config, step, events,
+                             batches-topic offsets consumed, metrics, file list
+    dense.safetensors        DeepFM state_dict
+    optimizer.safetensors    the dense Adam state, flattened ("<param index>.<key>")
+    embeddings.safetensors   ids int64 (n,), vectors float32 (n, E+1), exp_avg, exp_avg_sq (n, E+1)
+
+The manifest is written last, so a folder without one is incomplete and never loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from store.table import EmbeddingTable, TableConfig
+from trainer.errors import SnapshotError
+from trainer.model import DeepFM, ModelConfig
+
+FORMAT = "adstream-snapshot/1"
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    schema_name: str
+    schema_hash: str
+    model: dict[str, object]  # ModelConfig.to_dict()
+    table: dict[str, object]  # TableConfig as a dict
+    step: int  # train steps taken
+    events: int  # events learned
+    offsets: dict[str, int]  # batches-topic partition -> next offset to consume
+    metrics: dict[str, float] = field(default_factory=dict)
+    created_ms: int = 0
+    format: str = FORMAT
+
+
+@dataclass(frozen=True, eq=False)
+class Snapshot:
+    manifest: Manifest
+    model: DeepFM
+    table: EmbeddingTable
+
+
+def save_snapshot(
+    path: str | Path,
+    manifest: Manifest,
+    model: DeepFM,
+    table: EmbeddingTable,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> Path:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, path / "dense.safetensors")
+    if optimizer is not None:
+        save_file(_flat_optimizer_state(optimizer), path / "optimizer.safetensors")
+    ids, rows = table.export()
+    d = table.dim
+    save_file(
+        {
+            "ids": torch.from_numpy(ids),
+            "vectors": rows[:, :d].contiguous(),
+            "exp_avg": rows[:, d : 2 * d].contiguous(),
+            "exp_avg_sq": rows[:, 2 * d :].contiguous(),
+        },
+        path / "embeddings.safetensors",
+    )
+    tmp = path / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(asdict(manifest), indent=2, sort_keys=True))
+    os.replace(tmp, path / MANIFEST)  # the manifest appears last and atomically
+    return path
+
+
+def read_manifest(path: str | Path) -> Manifest:
+    file = Path(path) / MANIFEST
+    if not file.is_file():
+        raise SnapshotError(f"snapshot {path}: no {MANIFEST}; the snapshot is incomplete or not a snapshot")
+    data = json.loads(file.read_text())
+    if data.get("format") != FORMAT:
+        raise SnapshotError(f"snapshot {path}: format {data.get('format')!r}, this version reads {FORMAT!r}")
+    return Manifest(**data)
+
+
+def read_embeddings(path: str | Path) -> dict[str, torch.Tensor]:
+    return load_file(str(Path(path) / "embeddings.safetensors"))
+
+
+def load_model(path: str | Path, manifest: Manifest) -> DeepFM:
+    model = DeepFM(ModelConfig.from_dict(manifest.model))
+    try:
+        model.load_state_dict(load_file(str(Path(path) / "dense.safetensors")))
+    except (RuntimeError, FileNotFoundError) as exc:
+        raise SnapshotError(f"snapshot {path}: dense weights do not fit the model config ({exc})") from None
+    return model.eval()
+
+
+def load_snapshot(path: str | Path, table: EmbeddingTable) -> Snapshot:
+    """Read a snapshot into a fresh model and into `table` (whose tier should be empty)."""
+    manifest = read_manifest(path)
+    if TableConfig(**manifest.table) != table.config:  # type: ignore[arg-type]
+        raise SnapshotError(f"snapshot {path}: table config {manifest.table} differs from {table.config}")
+    emb = read_embeddings(path)
+    rows = torch.cat([emb["vectors"], emb["exp_avg"], emb["exp_avg_sq"]], dim=1)
+    table.load(emb["ids"].numpy().astype(np.int64), rows)
+    return Snapshot(manifest, load_model(path, manifest), table)
+
+
+def load_optimizer_state(path: str | Path, optimizer: torch.optim.Optimizer) -> None:
+    flat = load_file(str(Path(path) / "optimizer.safetensors"))
+    state = optimizer.state_dict()
+    for key, value in flat.items():
+        index, name = key.split(".", 1)
+        state["state"].setdefault(int(index), {})[name] = value
+    optimizer.load_state_dict(state)
+
+
+def _flat_optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    flat = {}
+    for index, values in optimizer.state_dict()["state"].items():
+        for name, value in values.items():
+            tensor = value if isinstance(value, torch.Tensor) else torch.tensor(value)
+            flat[f"{index}.{name}"] = tensor.detach().cpu().contiguous()
+    return flat

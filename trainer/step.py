@@ -1,0 +1,54 @@
+"""One train step and one prediction, as functions over (model, optimizer, table, batch).
+
+Progressive validation comes for free: the probabilities returned by train_step are computed
+before the step changes any weight, so each batch is scored before it is learned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from store.table import EmbeddingTable
+from trainer.batch import Batch
+from trainer.model import DeepFM
+
+
+@dataclass(frozen=True, eq=False)
+class StepResult:
+    probs: np.ndarray  # (B,) predicted CTR before the update
+    loss: float  # mean binary cross-entropy of the batch
+
+
+def forward(model: DeepFM, table: EmbeddingTable, batch: Batch):  # type: ignore[no-untyped-def]
+    """Look up the batch's rows and run the model. Returns (logits (B,), lookup, leaf vectors (u, E+1))."""
+    lookup = table.lookup(batch.ids, device=batch.labels.device)
+    leaf = lookup.vectors.detach().requires_grad_(True)
+    rows = leaf[lookup.inverse].view(len(batch), batch.ids.shape[1], -1)
+    return model(rows, batch.dense), lookup, leaf
+
+
+def train_step(
+    model: DeepFM, optimizer: torch.optim.Optimizer, table: EmbeddingTable, batch: Batch, step: int
+) -> StepResult:
+    """Score, then learn: Adam on the dense weights, sparse Adam on the touched rows. `step` is 1-based."""
+    model.train()
+    logits, lookup, leaf = forward(model, table, batch)
+    loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    assert leaf.grad is not None
+    table.update(lookup, leaf.grad, step)
+    return StepResult(torch.sigmoid(logits.detach()).cpu().numpy(), float(loss.detach()))
+
+
+@torch.no_grad()
+def predict(model: DeepFM, table: EmbeddingTable, batch: Batch) -> np.ndarray:
+    """CTR (B,) for a batch, without learning (unseen ids read their deterministic initial rows)."""
+    model.eval()
+    logits, _, _ = forward(model, table, batch)
+    return torch.sigmoid(logits).cpu().numpy()
