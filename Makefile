@@ -1,0 +1,36 @@
+# The two commands of the README: `make demo` and `make test`. Both set up first.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test lint bench lock down clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.lock pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -r requirements.lock
+	$(BIN)/pip install -q --no-deps -e .
+	touch $@
+
+demo: setup
+	$(BIN)/adstream demo --json .state/demo.json
+
+test: setup
+	$(BIN)/python -m pytest
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/mypy stream store trainer serving adstream
+
+bench: setup
+	$(BIN)/adstream bench pipeline --json .state/bench-pipeline.json
+
+lock:
+	$(BIN)/pip freeze --exclude-editable | grep -v '^adstream' > requirements.lock.new && mv requirements.lock.new requirements.lock
+
+down:
+	$(BIN)/adstream down
+
+clean: down
+	rm -rf .state

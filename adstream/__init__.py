@@ -1,0 +1,1 @@
+"""adstream: the one CLI and the local stack (Kafka, MLflow). Thin wiring only."""

@@ -1,0 +1,1 @@
+"""serving: the newest snapshot behind an MLflow alias, served over HTTP."""

@@ -1,0 +1,56 @@
+"""Which snapshot to serve: resolve an alias in the MLflow model registry, download its artifacts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from serving.errors import ServingError
+
+
+@dataclass(frozen=True)
+class VersionRef:
+    name: str
+    version: str
+    source: str  # artifact URI of the snapshot folder
+    run_id: str
+
+
+def resolve(tracking_uri: str, name: str, alias: str) -> VersionRef | None:
+    """The version behind `alias` (or the highest version for "latest"); None if there is none yet."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(tracking_uri)
+    try:
+        if alias == "latest":
+            versions = client.search_model_versions(f"name = '{name}'")
+            if not versions:
+                return None
+            mv = max(versions, key=lambda v: int(v.version))
+        else:
+            mv = client.get_model_version_by_alias(name, alias)
+    except MlflowException as exc:
+        if "RESOURCE_DOES_NOT_EXIST" in str(exc.error_code) or "not found" in str(exc).lower():
+            return None
+        raise ServingError(f"registry at {tracking_uri}: {exc}") from None
+    return VersionRef(name, str(mv.version), str(mv.source), str(mv.run_id))
+
+
+def download(tracking_uri: str, ref: VersionRef, cache_dir: str | Path) -> Path:
+    """Download a version's snapshot folder once; later calls reuse it."""
+    import mlflow
+
+    target = Path(cache_dir) / ref.name / ref.version
+    if (target / "manifest.json").is_file():
+        return target
+    target.mkdir(parents=True, exist_ok=True)
+    mlflow.set_tracking_uri(tracking_uri)
+    local = mlflow.artifacts.download_artifacts(artifact_uri=ref.source, dst_path=str(target))
+    path = Path(local)
+    if not (path / "manifest.json").is_file():
+        raise ServingError(f"version {ref.version} of {ref.name}: no manifest.json under {ref.source}")
+    if path != target:
+        for item in path.iterdir():
+            item.rename(target / item.name)
+    return target

@@ -1,0 +1,16 @@
+"""Serving settings. Built by adstream/config.py from TOML or flags; unknown keys are errors there."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServingSettings:
+    host: str = "127.0.0.1"  # interface to bind
+    port: int = 18000  # HTTP port
+    alias: str = "live"  # registry alias to serve; "latest" means the highest version number
+    poll_s: float = 5.0  # how often to look for a newer version behind the alias
+    cache_dir: str = ".state/serving"  # where downloaded snapshots are kept
+    max_events: int = 10_000  # most events accepted in one request
+    threads: int = 1  # torch threads per request (1 keeps latency steady under concurrency)
