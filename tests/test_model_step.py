@@ -1,0 +1,77 @@
+import numpy as np
+import torch
+
+from store.ram import RamTier
+from store.table import EmbeddingTable, TableConfig
+from trainer.batch import Batch, batch_from_features
+from trainer.metrics import ProgressiveMetrics, auc_exact, logloss
+from trainer.model import DeepFM, ModelConfig
+from trainer.step import predict, train_step
+from tests.test_batch_codec import make_batch
+
+
+def small(seed: int = 0):
+    config = ModelConfig(num_fields=39, num_dense=13, embed_dim=4, hidden=(16,), seed=seed)
+    table = EmbeddingTable(RamTier(3 * config.row_dim, 1 << 24), TableConfig(dim=config.row_dim, lr=0.05))
+    model = DeepFM(config)
+    return model, torch.optim.Adam(model.parameters(), lr=0.01), table
+
+
+def fixed_batch(n: int = 64) -> Batch:
+    fb = make_batch(n, seed=1)
+    rng = np.random.default_rng(2)
+    ids = rng.integers(0, 50, size=fb.ids.shape) + (np.arange(39) << 33)[None, :]
+    return Batch(torch.from_numpy(fb.labels), torch.from_numpy(fb.dense), ids.astype(np.int64))
+
+
+def test_deepfm_shapes_and_seeded_init():
+    model, _, _ = small()
+    logits = model(torch.zeros(8, 39, 5), torch.zeros(8, 13))
+    assert logits.shape == (8,)
+    other = DeepFM(ModelConfig(39, 13, 4, (16,), seed=0))
+    for a, b in zip(model.state_dict().values(), other.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_fm_term_is_pairwise_dot_products():
+    config = ModelConfig(num_fields=3, num_dense=1, embed_dim=2, hidden=(4,))
+    model = DeepFM(config)
+    for p in model.parameters():
+        torch.nn.init.zeros_(p)
+    rows = torch.tensor([[[1.0, 2.0, 0.0], [3.0, 4.0, 0.0], [5.0, 6.0, 0.0]]])
+    expected = (1 * 3 + 2 * 4) + (1 * 5 + 2 * 6) + (3 * 5 + 4 * 6)
+    assert float(model(rows, torch.zeros(1, 1)).detach()) == expected
+
+
+def test_train_step_scores_before_learning_and_learns():
+    model, opt, table = small()
+    batch = fixed_batch()
+    before = predict(model, table, batch)
+    first = train_step(model, opt, table, batch, step=1)
+    np.testing.assert_allclose(first.probs, before, rtol=1e-5, atol=1e-6)  # test-then-train
+    losses = [train_step(model, opt, table, batch, step=s).loss for s in range(2, 40)]
+    assert losses[-1] < 0.5 * first.loss
+    assert len(table) == len(np.unique(batch.ids))
+
+
+def test_batch_from_features_concatenates_and_keeps_offsets():
+    a, b = make_batch(3, 1), make_batch(5, 2)
+    batch = batch_from_features([a, b], {0: 7, 1: 3})
+    assert len(batch) == 8 and batch.parts == 2 and batch.source_offsets == {0: 7, 1: 3}
+    assert batch.ids.shape == (8, 39) and batch.event_ids == a.event_ids + b.event_ids
+
+
+def test_auc_exact_matches_pairs_and_histogram_auc_is_close():
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, 3000).astype(np.float32)
+    probs = np.clip(0.3 * labels + rng.normal(0.4, 0.2, 3000), 0, 1).astype(np.float32)
+    pos, neg = probs[labels == 1], probs[labels == 0]
+    pairs = ((pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])).mean()
+    assert abs(auc_exact(labels, probs) - pairs) < 1e-9
+    metrics = ProgressiveMetrics(window=1000)
+    for i in range(0, 3000, 500):
+        metrics.update(labels[i : i + 500], probs[i : i + 500])
+    summary = metrics.summary()
+    assert abs(summary["progressive_auc"] - pairs) < 1e-3
+    assert abs(summary["progressive_logloss"] - logloss(labels, probs)) < 1e-6
+    assert abs(summary["window_auc"] - auc_exact(labels[-1000:], probs[-1000:])) < 1e-9

@@ -1,0 +1,102 @@
+"""The HTTP layer over a real snapshot on disk (the registry path is covered by the integration tests)."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from serving.app import create_app
+from serving.loader import load_served_model
+from serving.predict import predict_events
+from serving.settings import ServingSettings
+from stream.decode import event_from_mapping
+from tests.conftest import criteo_event
+from tests.test_snapshot import trained
+
+
+def unlabelled(i: int, **changes: object) -> dict[str, object]:
+    event = criteo_event(i, **changes)
+    event.pop("label")
+    return event
+
+
+@pytest.fixture
+def snapshots(schema, tmp_path):
+    trainer = trained(schema, 2)
+    first = trainer.save(tmp_path / "a")
+    second = trained(schema, 4).save(tmp_path / "b")
+    return [load_served_model(first, "1", schema), load_served_model(second, "2", schema)]
+
+
+def make_client(schema, queue):
+    def fetch(current):
+        return queue.pop(0) if queue else None
+
+    settings = replace(ServingSettings(), poll_s=0.05)
+    return TestClient(create_app(settings, schema, fetch))
+
+
+def test_predicts_one_or_many_with_the_version(schema, snapshots):
+    expected = predict_events(snapshots[0], [event_from_mapping(unlabelled(i), schema, False) for i in range(3)], schema)
+    with make_client(schema, [snapshots[0]]) as client:
+        one = client.post("/predict", json=unlabelled(0)).json()
+        many = client.post("/predict", json=[unlabelled(i) for i in range(3)]).json()
+    assert one["model_version"] == "1" and one["predictions"][0]["event_id"] == "e0"
+    np.testing.assert_allclose([p["ctr"] for p in many["predictions"]], expected, rtol=1e-6)
+    assert all(0 < p["ctr"] < 1 for p in many["predictions"])
+
+
+def test_bad_requests_get_422_naming_the_field(schema, snapshots):
+    with make_client(schema, [snapshots[0]]) as client:
+        r = client.post("/predict", json=unlabelled(0, C3="nothex!"))
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "C3"]
+        missing = unlabelled(0)
+        del missing["I4"]
+        r = client.post("/predict", json=[unlabelled(1), missing])
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", 1, "I4"]
+        r = client.post("/predict", content=b"{nope")
+        assert r.status_code == 422 and "not valid JSON" in r.json()["detail"][0]["msg"]
+        assert client.post("/predict", json=[]).status_code == 422
+        assert client.post("/predict", json=unlabelled(2)).status_code == 200  # the server lives on
+
+
+def test_503_until_a_model_then_hot_swap(schema, snapshots):
+    import time
+
+    queue: list = []
+    with make_client(schema, queue) as client:
+        assert client.get("/healthz").json() == {"status": "ok", "model_loaded": False}
+        assert client.post("/predict", json=unlabelled(0)).status_code == 503
+        assert client.get("/model").status_code == 503
+        queue.append(snapshots[0])
+        versions = set()
+        deadline = time.monotonic() + 10
+        while "2" not in versions and time.monotonic() < deadline:
+            r = client.post("/predict", json=unlabelled(0))
+            if r.status_code == 200:
+                versions.add(r.json()["model_version"])
+                if versions == {"1"}:
+                    queue.append(snapshots[1])
+            time.sleep(0.02)
+        assert versions == {"1", "2"}
+        info = client.get("/model").json()
+        assert info["model_version"] == "2" and info["step"] == 4 and info["schema_hash"] == schema.hash
+        assert b"adstream_serving_model_swaps_total" in client.get("/metrics").content
+
+
+def test_refresh_errors_keep_the_old_model(schema, snapshots):
+    calls = {"n": 0}
+
+    def fetch(current):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return snapshots[0]
+        raise RuntimeError("registry down")
+
+    with TestClient(create_app(replace(ServingSettings(), poll_s=0.05), schema, fetch)) as client:
+        import time
+
+        time.sleep(0.3)
+        r = client.post("/predict", json=unlabelled(0))
+        assert r.status_code == 200 and r.json()["model_version"] == "1" and calls["n"] > 1

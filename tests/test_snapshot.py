@@ -1,0 +1,70 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from serving.errors import ServingError
+from serving.loader import load_served_model
+from serving.predict import predict_events
+from store.ram import RamTier
+from store.table import EmbeddingTable
+from stream.decode import event_from_mapping
+from stream.featurize import featurize
+from trainer.batch import batch_from_features
+from trainer.errors import SnapshotError
+from trainer.loop import Trainer
+from trainer.settings import TrainerSettings
+from trainer.snapshot import load_optimizer_state, load_snapshot, read_manifest
+from trainer.step import predict
+from tests.conftest import criteo_event
+
+
+def trained(schema, steps: int = 5) -> Trainer:
+    trainer = Trainer(schema, TrainerSettings(embed_dim=4, hidden=(16,), ram_bytes=1 << 26))
+    for s in range(steps):
+        events = [event_from_mapping(criteo_event(s * 50 + i), schema) for i in range(50)]
+        trainer.learn(batch_from_features([featurize(events, schema)], {0: s + 1}))
+    return trainer
+
+
+def test_round_trip_restores_the_same_predictions(schema, tmp_path):
+    trainer = trained(schema)
+    path = trainer.save(tmp_path)
+    assert sorted(p.name for p in path.iterdir()) == [
+        "dense.safetensors", "embeddings.safetensors", "manifest.json", "optimizer.safetensors"]
+    manifest = read_manifest(path)
+    assert manifest.step == 5 and manifest.events == 250 and manifest.offsets == {"0": 5}
+    assert manifest.schema_hash == schema.hash
+    table = EmbeddingTable(RamTier(3 * trainer.table_config.dim, 1 << 26), trainer.table_config)
+    restored = load_snapshot(path, table)
+    events = [event_from_mapping(criteo_event(i), schema) for i in range(40)]  # some seen, some unseen
+    batch = batch_from_features([featurize(events, schema)])
+    expected = predict(trainer.model, trainer.table, batch)
+    np.testing.assert_allclose(predict(restored.model, table, batch), expected, rtol=1e-6)
+    served = load_served_model(path, "1", schema)
+    np.testing.assert_allclose(predict_events(served, events, schema), expected, rtol=1e-5, atol=1e-6)
+    optimizer = torch.optim.Adam(restored.model.parameters())
+    load_optimizer_state(path, optimizer)
+    for a, b in zip(optimizer.state_dict()["state"].values(), trainer.optimizer.state_dict()["state"].values()):
+        torch.testing.assert_close(a["exp_avg_sq"], b["exp_avg_sq"])
+
+
+def test_incomplete_or_foreign_snapshots_are_refused(schema, tmp_path):
+    path = trained(schema, 1).save(tmp_path)
+    manifest = json.loads((path / "manifest.json").read_text())
+    (path / "manifest.json").unlink()
+    with pytest.raises(SnapshotError, match="incomplete"):
+        read_manifest(path)
+    (path / "manifest.json").write_text(json.dumps({**manifest, "schema_hash": "0" * 16}))
+    with pytest.raises(ServingError, match="schema hash"):
+        load_served_model(path, "1", schema)
+    (path / "manifest.json").write_text(json.dumps({**manifest, "format": "pickle"}))
+    with pytest.raises(SnapshotError, match="format"):
+        read_manifest(path)
+
+
+def test_no_pickle_anywhere(schema, tmp_path):
+    path = trained(schema, 1).save(tmp_path)
+    for file in path.iterdir():
+        assert not file.read_bytes().startswith(b"\x80")  # pickle protocol header

@@ -1,0 +1,129 @@
+"""Contract tests run over every tier, plus the table's init and sparse Adam pinned to torch's SparseAdam."""
+
+import numpy as np
+import pytest
+import torch
+
+from store.errors import StoreError
+from store.init import initial_vectors
+from store.ram import RamTier
+from store.table import EmbeddingTable, TableConfig
+from store.tier import Tier
+
+WIDTH = 6
+
+
+def ram_tier(capacity_bytes: int = 1 << 24) -> RamTier:
+    return RamTier(WIDTH, capacity_bytes, initial_rows=4)
+
+
+TIERS = {"ram": ram_tier}  # every Tier implementation joins this contract suite
+
+
+@pytest.fixture(params=sorted(TIERS))
+def tier(request) -> Tier:
+    return TIERS[request.param]()
+
+
+def test_implements_interface(tier):
+    assert isinstance(tier, Tier)
+
+
+def test_round_trip_any_64_bit_id(tier):
+    ids = np.array([0, 1, 2**63 - 1, -(2**63), 123456789012345], dtype=np.int64)
+    rows = torch.arange(len(ids) * WIDTH, dtype=torch.float32).view(-1, WIDTH)
+    tier.write(ids, rows)
+    back, found = tier.read(ids[::-1].copy())
+    assert found.all()
+    torch.testing.assert_close(back, rows.flip(0))
+    assert len(tier) == 5 and set(tier.all_ids().tolist()) == set(ids.tolist())
+
+
+def test_missing_ids_are_reported_not_invented(tier):
+    tier.write(np.array([5], dtype=np.int64), torch.ones(1, WIDTH))
+    rows, found = tier.read(np.array([5, 6], dtype=np.int64))
+    assert found.tolist() == [True, False]
+    assert rows[1].abs().sum() == 0
+
+
+def test_overwrite_and_remove(tier):
+    ids = np.array([1, 2, 3], dtype=np.int64)
+    tier.write(ids, torch.zeros(3, WIDTH))
+    tier.write(np.array([2], dtype=np.int64), torch.full((1, WIDTH), 7.0))
+    assert tier.remove(np.array([1, 9], dtype=np.int64)) == 1
+    rows, found = tier.read(ids)
+    assert found.tolist() == [False, True, True] and rows[1, 0] == 7.0
+    tier.write(np.array([10, 11], dtype=np.int64), torch.ones(2, WIDTH))  # reuses the freed slot
+    assert len(tier) == 4 and tier.read(np.array([11], dtype=np.int64))[1].all()
+
+
+def test_growth_keeps_rows(tier):
+    for start in range(0, 100, 10):
+        ids = np.arange(start, start + 10, dtype=np.int64)
+        tier.write(ids, torch.from_numpy(np.repeat(ids[:, None], WIDTH, 1).astype(np.float32)))
+    rows, found = tier.read(np.arange(100, dtype=np.int64))
+    assert found.all() and rows[:, 0].tolist() == list(range(100))
+
+
+def test_budget_is_enforced_with_a_clear_error():
+    tier = ram_tier(capacity_bytes=3 * RamTier(WIDTH, 1).row_bytes)
+    tier.write(np.arange(3, dtype=np.int64), torch.zeros(3, WIDTH))
+    with pytest.raises(StoreError, match="ram_bytes"):
+        tier.write(np.array([99], dtype=np.int64), torch.zeros(1, WIDTH))
+    with pytest.raises(StoreError, match="capacity_bytes"):
+        RamTier(WIDTH, 0)
+
+
+def test_initial_vectors_deterministic_and_spread():
+    ids = np.array([1, 2, 2**62 + 5, -7], dtype=np.int64)
+    a = initial_vectors(ids, 8, seed=3, std=0.1)
+    assert torch.equal(a, initial_vectors(ids, 8, seed=3, std=0.1))
+    assert not torch.equal(a, initial_vectors(ids, 8, seed=4, std=0.1))
+    assert not torch.equal(a[0], a[1])
+    big = initial_vectors(np.arange(20_000, dtype=np.int64), 8, seed=0, std=0.1)
+    assert abs(float(big.std()) - 0.1) < 0.005 and abs(float(big.mean())) < 0.005
+
+
+def test_lookup_dedups_and_inits_unseen():
+    table = EmbeddingTable(RamTier(3 * 4, 1 << 20), TableConfig(dim=4, seed=1))
+    ids = np.array([[7, 8], [7, 7]], dtype=np.int64)
+    lookup = table.lookup(ids)
+    assert lookup.unique_ids.tolist() == [7, 8]
+    assert lookup.inverse.tolist() == [0, 1, 0, 0]
+    torch.testing.assert_close(lookup.vectors, initial_vectors(np.array([7, 8]), 4, 1, 0.01))
+    assert len(table) == 0  # a lookup alone stores nothing
+
+
+def test_sparse_adam_equals_torch_sparse_adam():
+    """The table's row-wise Adam, over several steps with different touched rows, == torch.optim.SparseAdam."""
+    dim, n = 4, 10
+    cfg = TableConfig(dim=dim, seed=2, lr=0.05)
+    table = EmbeddingTable(RamTier(3 * dim, 1 << 20), cfg)
+    all_ids = np.arange(n, dtype=np.int64)
+    reference = torch.nn.Embedding(n, dim, sparse=True)
+    with torch.no_grad():
+        reference.weight.copy_(initial_vectors(all_ids, dim, cfg.seed, cfg.init_std))
+    opt = torch.optim.SparseAdam(reference.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    rng = np.random.default_rng(0)
+    target = torch.from_numpy(rng.normal(size=(n, dim)).astype(np.float32))
+    for step in range(1, 8):
+        batch = rng.choice(n, size=6)
+        lookup = table.lookup(batch)
+        leaf = lookup.vectors.detach().requires_grad_(True)
+        loss = ((leaf[lookup.inverse] - target[batch]) ** 2).sum()
+        loss.backward()
+        table.update(lookup, leaf.grad, step)
+        opt.zero_grad()
+        ((reference(torch.from_numpy(batch)) - target[batch]) ** 2).sum().backward()
+        opt.step()
+    ids, rows = table.export()
+    torch.testing.assert_close(rows[:, :dim], reference.weight.detach()[torch.from_numpy(ids)], rtol=1e-5, atol=1e-6)
+
+
+def test_state_moves_with_the_row():
+    table = EmbeddingTable(RamTier(3 * 2, 1 << 20), TableConfig(dim=2))
+    lookup = table.lookup(np.array([42], dtype=np.int64))
+    table.update(lookup, torch.ones(1, 2), step=1)
+    ids, rows = table.export()
+    assert ids.tolist() == [42]
+    assert (rows[0, 2:4] != 0).all() and (rows[0, 4:6] != 0).all()  # both moments stored in the row
