@@ -1,0 +1,60 @@
+"""(a) replay -> Faust featurizer -> batches topic holds exactly the events sent; bad lines in the DLQ."""
+
+import uuid
+
+import orjson
+
+from stream.batch_codec import decode_batch
+from stream.replay import KafkaWriter, criteo_records, replay
+from stream.schema import load_schema
+from stream.topics import ensure_topics
+from tests.integration.helpers import drain, start_cli, stop_process
+
+GOOD_LINE = "0\t1\t2\t\t4\t5\t6\t7\t8\t9\t10\t11\t12\t\t" + "\t".join(f"{i:08x}" for i in range(1, 26)) + "\t"
+
+
+def test_replay_stream_batches_exact_and_dlq(isolated, tmp_path):
+    schema = load_schema()
+    kafka = isolated.kafka
+    ensure_topics(kafka)
+    tsv = tmp_path / "day_0.txt"
+    lines = []
+    for i in range(3000):
+        if i % 500 == 7:
+            lines.append("this line is broken")
+        else:
+            lines.append(GOOD_LINE.replace("\t1\t2\t", f"\t{i}\t2\t", 1))
+    tsv.write_text("\n".join(lines) + "\n")
+    summary = replay(criteo_records([tsv], schema), kafka, progress=False)
+    assert summary.events == 2994 and summary.rejected == 6
+    writer = KafkaWriter(kafka)  # malformed events straight onto the events topic
+    writer.send(kafka.events_topic, b"{not json", b"bad-1")
+    writer.send(kafka.events_topic, orjson.dumps({"event_id": "bad-2", "ts": 1}), b"bad-2")
+    bundle = b"\n".join(orjson.dumps({"event_id": f"b{i}", "ts": 1, "label": 0, **{f: None for f in
+                         schema.integer_fields + schema.categorical_fields}}) for i in range(5))
+    writer.send(kafka.events_topic, bundle, b"b0")  # a bundle of 5 good events
+    writer.flush()
+    sent = {f"day_0:{i}" for i in range(3000) if i % 500 != 7} | {f"b{i}" for i in range(5)}
+
+    worker, log = start_cli(isolated, tmp_path, "stream")
+    try:
+        def count(messages):
+            return sum(len(decode_batch(m.value())) for m in messages)
+
+        batches = drain(kafka.bootstrap, kafka.batches_topic, lambda m: count(m) >= len(sent), 120,
+                        f"check-{uuid.uuid4().hex[:6]}")
+        dlq = drain(kafka.bootstrap, kafka.dlq_topic, lambda m: len(m) >= 8, 60, f"check-{uuid.uuid4().hex[:6]}")
+    finally:
+        stop_process(worker)
+    decoded = [decode_batch(m.value()) for m in batches]
+    ids = [e for b in decoded for e in b.event_ids]
+    assert len(ids) == len(sent), f"featurizer log:\n{log.read_text()[-3000:]}"
+    assert set(ids) == sent
+    assert all(b.schema_hash == schema.hash and len(b) <= isolated.stream.batch_events for b in decoded)
+    assert all((b.offsets >= 0).all() and (b.partitions >= 0).all() for b in decoded)
+    reasons = sorted(dict(m.headers())["reason"].decode() for m in dlq)
+    stages = sorted(dict(m.headers())["stage"].decode() for m in dlq)
+    assert len(dlq) == 8
+    assert stages == ["replay"] * 6 + ["stream"] * 2
+    assert sum("expected 40 tab-separated fields" in r for r in reasons) == 6
+    assert any("not valid JSON" in r for r in reasons) and any("label: missing" in r for r in reasons)

@@ -1,0 +1,82 @@
+"""The import rules of the design and the docker-compose file's agreement with the settings."""
+
+import ast
+from pathlib import Path
+
+import pytest
+import yaml
+
+from adstream.cli import build_parser
+from adstream.config import load_config
+from adstream.stack import KAFKA_VERSION
+from stream.settings import KafkaSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+FORBIDDEN = {
+    "stream": {"torch", "store", "trainer", "serving", "adstream"},
+    "store": {"stream", "trainer", "serving", "adstream"},
+    "trainer": {"serving", "adstream"},
+    "serving": {"adstream"},
+}
+
+
+def imported_roots(package: str) -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for file in (ROOT / package).rglob("*.py"):
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                found.setdefault(name.split(".")[0], set()).add(str(file.relative_to(ROOT)))
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_imports_go_one_way(package):
+    roots = imported_roots(package)
+    bad = {name: sorted(files) for name, files in roots.items() if name in FORBIDDEN[package]}
+    assert not bad, f"{package} must not import {sorted(bad)}: {bad}"
+
+
+def test_the_rule_checker_sees_imports():
+    assert "torch" in imported_roots("trainer") and "stream" in imported_roots("trainer")
+
+
+def compose() -> dict:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def test_compose_services_run_real_cli_commands():
+    services = compose()["services"]
+    commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    adstream_services = [s for s in services.values() if s.get("image") == "adstream:local" and "command" in s
+                         and s.get("entrypoint") is None]
+    assert {s["command"][0] for s in adstream_services} == {"stream", "train", "serve", "replay"}
+    for service in adstream_services:
+        assert service["command"][0] in commands
+        build_parser().parse_args(service["command"])  # the flags exist too
+    assert services["replay"]["profiles"] == ["replay"]
+    for name in ("kafka", "mlflow", "serving"):
+        assert "healthcheck" in services[name], name
+
+
+def test_compose_matches_the_settings():
+    services = compose()["services"]
+    assert services["kafka"]["image"] == f"apache/kafka:{KAFKA_VERSION}"
+    assert services["topics"]["image"] == f"apache/kafka:{KAFKA_VERSION}"
+    creator = services["topics"]["command"][0]
+    defaults = KafkaSettings()
+    for topic in (defaults.events_topic, defaults.batches_topic, defaults.dlq_topic):
+        assert topic in creator
+    assert f"max.message.bytes={defaults.max_message_bytes}" in creator
+    config = load_config(str(ROOT / "docker" / "adstream.toml"))
+    assert config.kafka.bootstrap == "kafka:9092" and "9092" in services["kafka"]["environment"]["KAFKA_LISTENERS"]
+    assert f"--partitions {config.kafka.partitions}" in creator
+    assert services["serving"]["ports"] == [f"{config.serving.port}:{config.serving.port}"]
+    mlflow_port = config.mlflow.tracking_uri.rsplit(":", 1)[1]
+    assert mlflow_port in services["mlflow"]["command"]
+    assert services["trainer"]["ports"] == [f"{config.trainer.metrics_port}:{config.trainer.metrics_port}"]
