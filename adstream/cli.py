@@ -79,14 +79,14 @@ def cmd_replay(args: argparse.Namespace) -> None:
             while left > 0:
                 events, _ = generator.generate(min(left, 10_000))
                 left -= len(events)
-                yield from synthetic_records(events, schema)
+                yield from synthetic_records(events, schema, args.bundle, args.bundle_format)
 
         records, total = chunks(), args.synthetic
     elif args.paths:
-        records, total = criteo_records(args.paths, schema, loop=args.loop), None
+        records, total = criteo_records(args.paths, schema, args.loop, args.bundle, args.bundle_format), None
     else:
         raise AdstreamError("replay: give Criteo TSV file(s) or --synthetic N")
-    summary = replay(records, config.kafka, rate=args.rate, limit=args.limit, bundle=args.bundle, total=total)
+    summary = replay(records, config.kafka, rate=args.rate, limit=args.limit, total=total)
     print(json.dumps(asdict(summary)))
 
 
@@ -194,7 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, help="events per second (default: as fast as possible)")
     p.add_argument("--limit", type=int, help="stop after N events")
     p.add_argument("--loop", action="store_true", help="replay the files again and again")
-    p.add_argument("--bundle", type=int, default=1, help="events per Kafka record (newline-separated bundle)")
+    p.add_argument("--bundle", type=int, default=1, help="events per Kafka record (1 = one JSON event per record)")
+    p.add_argument("--bundle-format", choices=["json", "arrow"], default="json",
+                   help="bundle encoding: newline-separated JSON or an Arrow batch")
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("stream", help="run the Faust featurizer: events -> Arrow batches (+ DLQ)")

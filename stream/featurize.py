@@ -1,4 +1,4 @@
-"""Event -> feature ids and floats. Pure; serving calls exactly these functions.
+"""Events -> feature ids and floats. Pure; serving calls exactly these functions.
 
 Feature ids are 64-bit and need no vocabulary:
   hex32 categories:   id = field << 33 | value           (collision-free: value < 2^32)
@@ -7,6 +7,9 @@ Feature ids are 64-bit and need no vocabulary:
   string categories:  id = 1 << 62 | blake2b-62(field, value)   (stable hash, for other schemas)
 field = position in schema.sparse_fields (integer fields first). Ids stay below 2^63, so they fit
 torch's int64.
+
+Every path (Event objects from JSON, Arrow bundles) ends in `features_from_columns`, one
+vectorized function, so stream-time and serve-time features cannot drift apart.
 """
 
 from __future__ import annotations
@@ -26,20 +29,28 @@ STRING_TAG = 1 << 62
 _BUCKET_BIAS = 1 << 31
 
 
-def integer_bucket(value: int) -> int:
-    """Log-square bucket of a count (small values kept exact); negative counts keep their value."""
-    if value <= 2:
-        code = value
-    else:
-        code = 3 + int(math.log(value) ** 2)
+def integer_buckets(values: np.ndarray) -> np.ndarray:
+    """Log-square buckets of counts, int64 -> int64 in [0, 2^32): small values (<= 2, negatives
+    included) keep their own bucket; larger ones share floor(ln(v)^2)."""
+    v = values.astype(np.int64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        large = 3 + np.floor(np.log(np.maximum(v, 1).astype(np.float64)) ** 2).astype(np.int64)
+    code = np.where(v <= 2, v, large)
     return (code + _BUCKET_BIAS) & 0xFFFFFFFF
 
 
+def integer_bucket(value: int) -> int:
+    return int(integer_buckets(np.array([value]))[0])
+
+
+def signed_log1p_array(values: np.ndarray) -> np.ndarray:
+    """The dense form of integer features: sign(v) * log(1 + |v|), float32."""
+    v = values.astype(np.float64)
+    return (np.sign(v) * np.log1p(np.abs(v))).astype(np.float32)
+
+
 def signed_log1p(value: int | None) -> float:
-    """The dense form of an integer feature: sign(v) * log(1 + |v|), 0 when missing."""
-    if value is None:
-        return 0.0
-    return math.copysign(math.log1p(abs(value)), value)
+    return 0.0 if value is None else float(signed_log1p_array(np.array([value]))[0])
 
 
 def string_id(field: int, value: str) -> int:
@@ -51,22 +62,29 @@ def missing_id(field: int) -> int:
     return (field << FIELD_SHIFT) | MISSING
 
 
+def features_from_columns(
+    ints: np.ndarray, int_missing: np.ndarray, cats: np.ndarray, cat_missing: np.ndarray, schema: Schema
+) -> tuple[np.ndarray, np.ndarray]:
+    """The one featurization core.
+
+    ints int64 (n, D) + int_missing bool (n, D); cats int64 (n, C) + cat_missing bool (n, C), where
+    cats hold the 32-bit value (hex32) or an already hashed string id (string encoding).
+    Returns ids int64 (n, D + C) and dense float32 (n, D).
+    """
+    n, d = ints.shape
+    fields = np.arange(schema.num_sparse, dtype=np.int64) << FIELD_SHIFT
+    int_ids = fields[:d] | np.where(int_missing, MISSING, integer_buckets(ints))
+    if schema.categorical_encoding == "hex32":
+        cat_ids = fields[d:] | np.where(cat_missing, MISSING, cats)
+    else:
+        cat_ids = np.where(cat_missing, fields[d:] | MISSING, cats)
+    dense = np.where(int_missing, np.float32(0.0), signed_log1p_array(np.where(int_missing, 0, ints)))
+    return np.concatenate([int_ids, cat_ids], axis=1).astype(np.int64), dense.astype(np.float32)
+
+
 def event_ids(event: Event, schema: Schema) -> list[int]:
     """The sparse ids of one event, one per schema.sparse_fields entry."""
-    ids = []
-    for field, value in enumerate(event.ints):
-        base = field << FIELD_SHIFT
-        ids.append(base | MISSING if value is None else base | integer_bucket(value))
-    hex32 = schema.categorical_encoding == "hex32"
-    for offset, cat in enumerate(event.cats):
-        field = schema.num_dense + offset
-        if cat is None:
-            ids.append((field << FIELD_SHIFT) | MISSING)
-        elif hex32:
-            ids.append((field << FIELD_SHIFT) | int(cat, 16))
-        else:
-            ids.append(string_id(field, cat))
-    return ids
+    return featurize([event], schema).ids[0].tolist()
 
 
 def featurize(
@@ -75,14 +93,19 @@ def featurize(
     partitions: Sequence[int] | None = None,
     offsets: Sequence[int] | None = None,
 ) -> FeatureBatch:
-    """Featurize events into one FeatureBatch (see records.FeatureBatch for shapes)."""
-    n = len(events)
-    ids = np.fromiter(
-        (i for event in events for i in event_ids(event, schema)), dtype=np.int64, count=n * schema.num_sparse
-    ).reshape(n, schema.num_sparse)
-    dense = np.fromiter(
-        (signed_log1p(v) for event in events for v in event.ints), dtype=np.float32, count=n * schema.num_dense
-    ).reshape(n, schema.num_dense)
+    """Featurize decoded events into one FeatureBatch (see records.FeatureBatch for shapes)."""
+    n, d, c = len(events), schema.num_dense, len(schema.categorical_fields)
+    raw_ints = [v for e in events for v in e.ints]
+    int_missing = np.fromiter((v is None for v in raw_ints), dtype=bool, count=n * d).reshape(n, d)
+    ints = np.fromiter((0 if v is None else v for v in raw_ints), dtype=np.int64, count=n * d).reshape(n, d)
+    raw_cats = [v for e in events for v in e.cats]
+    cat_missing = np.fromiter((v is None for v in raw_cats), dtype=bool, count=n * c).reshape(n, c)
+    if schema.categorical_encoding == "hex32":
+        values = (0 if v is None else int(v, 16) for v in raw_cats)
+    else:
+        values = (0 if v is None else string_id(d + i % c, v) for i, v in enumerate(raw_cats))
+    cats = np.fromiter(values, dtype=np.int64, count=n * c).reshape(n, c)
+    ids, dense = features_from_columns(ints, int_missing, cats, cat_missing, schema)
     labels = np.array([np.nan if e.label is None else e.label for e in events], dtype=np.float32)
     return FeatureBatch(
         labels=labels,
@@ -96,29 +119,55 @@ def featurize(
     )
 
 
-def featurize_records(
-    records: Sequence[RawRecord], schema: Schema
-) -> tuple[FeatureBatch, list[Rejected]]:
-    """Kafka records (single events or bundles) -> one batch of the good events + the rejects.
+def concat_batches(parts: Sequence[FeatureBatch], schema: Schema) -> FeatureBatch:
+    """One batch from several (all of the same schema)."""
+    if len(parts) == 1:
+        return parts[0]
+    return FeatureBatch(
+        labels=np.concatenate([p.labels for p in parts]),
+        dense=np.concatenate([p.dense for p in parts]).reshape(-1, schema.num_dense),
+        ids=np.concatenate([p.ids for p in parts]).reshape(-1, schema.num_sparse),
+        ts=np.concatenate([p.ts for p in parts]),
+        event_ids=tuple(e for p in parts for e in p.event_ids),
+        partitions=np.concatenate([p.partitions for p in parts]),
+        offsets=np.concatenate([p.offsets for p in parts]),
+        schema_hash=schema.hash,
+    )
 
-    The Faust agent is a thin shell around this; every bad line becomes a Rejected with a reason.
+
+def featurize_records(records: Sequence[RawRecord], schema: Schema) -> tuple[FeatureBatch, list[Rejected]]:
+    """Kafka records -> one batch of the good events + the rejects (each with a reason).
+
+    A record holds one JSON event, a bundle of newline-separated JSON events, or an Arrow bundle
+    (see bundle.py). The Faust agent is a thin shell around this function.
     """
+    from stream.bundle import featurize_arrow_bundle, is_arrow_bundle
     from stream.decode import decode_event, split_bundle
     from stream.errors import DecodeError
 
+    parts: list[FeatureBatch] = []
     good: list[Event] = []
-    parts: list[int] = []
+    parts_idx: list[int] = []
     offs: list[int] = []
     rejected: list[Rejected] = []
     for record in records:
+        if is_arrow_bundle(record.value):
+            batch, bad = featurize_arrow_bundle(record, schema)
+            parts.append(batch)
+            rejected.extend(bad)
+            continue
+        empty = True
         for line in split_bundle(record.value):
+            empty = False
             try:
                 good.append(decode_event(line, schema))
             except DecodeError as exc:
                 rejected.append(Rejected(record.partition, record.offset, line, str(exc)))
                 continue
-            parts.append(record.partition)
+            parts_idx.append(record.partition)
             offs.append(record.offset)
-        if not record.value.strip():
+        if empty:
             rejected.append(Rejected(record.partition, record.offset, record.value, "record: empty"))
-    return featurize(good, schema, parts, offs), rejected
+    if good or not parts:
+        parts.insert(0, featurize(good, schema, parts_idx, offs))
+    return concat_batches(parts, schema), rejected

@@ -72,23 +72,67 @@ def criteo_file_lines(paths: Iterable[str | Path], loop: bool = False) -> Iterat
             return
 
 
-def criteo_records(
-    paths: Iterable[str | Path], schema: Schema, loop: bool = False
-) -> Iterator[tuple[bytes, bytes | None, str | None]]:
-    """(key, event JSON or None, reason or None) per line; bad lines keep their raw bytes as key."""
+# One replay item: (event id, event dict or None, raw bytes of a bad line, reason or None)
+Item = tuple[str, dict[str, object] | None, bytes, str | None]
+# One Kafka record to send: (key, value, reason or None, events in it)
+Record = tuple[bytes, bytes, str | None, int]
+
+
+def criteo_events(paths: Iterable[str | Path], schema: Schema, loop: bool = False) -> Iterator[Item]:
+    """Parse Criteo TSV lines; a bad line keeps its bytes and the reason."""
     for index, (stem, number, line) in enumerate(criteo_file_lines(paths, loop)):
         event_id = f"{stem}:{number}"
         try:
-            event = parse_criteo_line(line, schema, event_id, BASE_TS_MS + index)
+            yield event_id, parse_criteo_line(line, schema, event_id, BASE_TS_MS + index), b"", None
         except ValueError as exc:
-            yield event_id.encode(), line.encode(), f"line {number + 1} of {stem}: {exc}"
-            continue
-        yield event_id.encode(), orjson.dumps(event), None
+            yield event_id, None, line.encode(), f"line {number + 1} of {stem}: {exc}"
 
 
-def synthetic_records(events: Iterable[dict[str, object]], schema: Schema) -> Iterator[tuple[bytes, bytes, None]]:
+def synthetic_events(events: Iterable[dict[str, object]], schema: Schema) -> Iterator[Item]:
     for event in events:
-        yield str(event[schema.event_id]).encode(), orjson.dumps(event), None
+        yield str(event[schema.event_id]), event, b"", None
+
+
+def to_records(items: Iterable[Item], schema: Schema, bundle: int = 1, fmt: str = "json") -> Iterator[Record]:
+    """Encode events as Kafka records: one JSON event each, or bundles of `bundle` events
+    (newline-separated JSON, or an Arrow batch with fmt="arrow"). Bad lines pass through with their reason."""
+    from stream.bundle import encode_event_bundle
+
+    if fmt not in ("json", "arrow"):
+        raise StreamError(f"replay: bundle format {fmt!r}; use 'json' or 'arrow'")
+    pending: list[dict[str, object]] = []
+
+    def flush() -> Record:
+        key = str(pending[0][schema.event_id]).encode()
+        if fmt == "arrow":
+            value = encode_event_bundle(pending, schema)
+        else:
+            value = b"\n".join(orjson.dumps(e) for e in pending)
+        count = len(pending)
+        pending.clear()
+        return key, value, None, count
+
+    for event_id, event, raw, reason in items:
+        if event is None:
+            yield event_id.encode(), raw, reason, 0
+        elif bundle <= 1 and fmt == "json":
+            yield event_id.encode(), orjson.dumps(event), None, 1
+        else:
+            pending.append(event)
+            if len(pending) >= max(bundle, 1):
+                yield flush()
+    if pending:
+        yield flush()
+
+
+def criteo_records(paths: Iterable[str | Path], schema: Schema, loop: bool = False, bundle: int = 1,
+                   fmt: str = "json") -> Iterator[Record]:
+    return to_records(criteo_events(paths, schema, loop), schema, bundle, fmt)
+
+
+def synthetic_records(events: Iterable[dict[str, object]], schema: Schema, bundle: int = 1,
+                      fmt: str = "json") -> Iterator[Record]:
+    return to_records(synthetic_events(events, schema), schema, bundle, fmt)
 
 
 def producer_config(kafka: KafkaSettings) -> dict[str, object]:
@@ -138,42 +182,33 @@ class KafkaWriter:
 
 
 def replay(
-    records: Iterable[tuple[bytes, bytes | None, str | None]],
+    records: Iterable[Record],
     kafka: KafkaSettings,
     rate: float | None = None,
     limit: int | None = None,
-    bundle: int = 1,
     progress: bool = True,
     total: int | None = None,
 ) -> ReplaySummary:
-    """Produce records to Kafka, good ones to events_topic (bundled `bundle` per record), bad ones to the DLQ."""
+    """Produce records (see to_records) to Kafka: good ones to events_topic, bad lines to the DLQ."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     writer = KafkaWriter(kafka)
     events = rejected = nbytes = 0
-    pending: list[bytes] = []
-    pending_key = b""
+    next_report = 1000
     start = time.perf_counter()
     bar = Progress(TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), disable=not progress)
     with bar:
         task = bar.add_task("replay", total=limit or total)
-        for key, value, reason in records:
+        for key, value, reason, count in records:
             if reason is not None:
-                writer.send(kafka.dlq_topic, value or b"", key, {"reason": reason, "stage": "replay"})
+                writer.send(kafka.dlq_topic, value, key, {"reason": reason, "stage": "replay"})
                 rejected += 1
                 continue
-            assert value is not None
-            if bundle > 1:
-                pending.append(value)
-                pending_key = pending_key or key
-                if len(pending) >= bundle:
-                    writer.send(kafka.events_topic, b"\n".join(pending), pending_key)
-                    pending, pending_key = [], b""
-            else:
-                writer.send(kafka.events_topic, value, key)
-            events += 1
+            writer.send(kafka.events_topic, value, key)
+            events += count
             nbytes += len(value)
-            if events % 1000 == 0:
+            if events >= next_report:
+                next_report = events + 1000
                 bar.update(task, completed=events)
                 if rate:
                     ahead = events / rate - (time.perf_counter() - start)
@@ -181,8 +216,6 @@ def replay(
                         time.sleep(ahead)
             if limit is not None and events >= limit:
                 break
-        if pending:
-            writer.send(kafka.events_topic, b"\n".join(pending), pending_key)
         writer.flush()
         bar.update(task, completed=events)
     seconds = time.perf_counter() - start

@@ -48,4 +48,16 @@ def test_loop_repeats_with_new_event_ids(tmp_path):
 def test_every_real_criteo_row_parses(schema):
     records = list(criteo_records(CRITEO_FILES, schema))
     assert len(records) == 10_381
-    assert all(reason is None for _, _, reason in records)
+    assert all(reason is None and count == 1 for _, _, reason, count in records)
+
+
+def test_bundles_count_events_and_pass_bad_lines(schema, tmp_path):
+    from stream.bundle import is_arrow_bundle
+
+    path = tmp_path / "a.txt"
+    path.write_text("\n".join([LINE] * 5 + ["bad"] + [LINE] * 2) + "\n")
+    json_records = list(criteo_records([path], schema, bundle=3))
+    assert [(r[2] is None, r[3]) for r in json_records] == [(True, 3), (False, 0), (True, 3), (True, 1)]
+    assert json_records[0][1].count(b"\n") == 2
+    arrow_records = list(criteo_records([path], schema, bundle=4, fmt="arrow"))
+    assert [r[3] for r in arrow_records] == [4, 0, 3] and is_arrow_bundle(arrow_records[0][1])

@@ -5,6 +5,7 @@ import uuid
 import orjson
 
 from stream.batch_codec import decode_batch
+from stream.bundle import encode_event_bundle
 from stream.replay import KafkaWriter, criteo_records, replay
 from stream.schema import load_schema
 from stream.topics import ensure_topics
@@ -33,8 +34,12 @@ def test_replay_stream_batches_exact_and_dlq(isolated, tmp_path):
     bundle = b"\n".join(orjson.dumps({"event_id": f"b{i}", "ts": 1, "label": 0, **{f: None for f in
                          schema.integer_fields + schema.categorical_fields}}) for i in range(5))
     writer.send(kafka.events_topic, bundle, b"b0")  # a bundle of 5 good events
+    arrow = [{**orjson.loads(bundle.split(b"\n")[0]), "event_id": f"a{i}"} for i in range(10)]
+    arrow[3]["C1"] = "not-hex"
+    writer.send(kafka.events_topic, encode_event_bundle(arrow, schema), b"a0")  # 9 good + 1 bad row
     writer.flush()
     sent = {f"day_0:{i}" for i in range(3000) if i % 500 != 7} | {f"b{i}" for i in range(5)}
+    sent |= {f"a{i}" for i in range(10) if i != 3}
 
     worker, log = start_cli(isolated, tmp_path, "stream")
     try:
@@ -43,7 +48,7 @@ def test_replay_stream_batches_exact_and_dlq(isolated, tmp_path):
 
         batches = drain(kafka.bootstrap, kafka.batches_topic, lambda m: count(m) >= len(sent), 120,
                         f"check-{uuid.uuid4().hex[:6]}")
-        dlq = drain(kafka.bootstrap, kafka.dlq_topic, lambda m: len(m) >= 8, 60, f"check-{uuid.uuid4().hex[:6]}")
+        dlq = drain(kafka.bootstrap, kafka.dlq_topic, lambda m: len(m) >= 9, 60, f"check-{uuid.uuid4().hex[:6]}")
     finally:
         stop_process(worker)
     decoded = [decode_batch(m.value()) for m in batches]
@@ -54,7 +59,8 @@ def test_replay_stream_batches_exact_and_dlq(isolated, tmp_path):
     assert all((b.offsets >= 0).all() and (b.partitions >= 0).all() for b in decoded)
     reasons = sorted(dict(m.headers())["reason"].decode() for m in dlq)
     stages = sorted(dict(m.headers())["stage"].decode() for m in dlq)
-    assert len(dlq) == 8
-    assert stages == ["replay"] * 6 + ["stream"] * 2
+    assert len(dlq) == 9
+    assert stages == ["replay"] * 6 + ["stream"] * 3
     assert sum("expected 40 tab-separated fields" in r for r in reasons) == 6
     assert any("not valid JSON" in r for r in reasons) and any("label: missing" in r for r in reasons)
+    assert "C1: must be up to 8 hex digits" in reasons
