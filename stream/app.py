@@ -14,7 +14,7 @@ import faust
 from prometheus_client import Counter, start_http_server
 
 from stream.batch_codec import encode_batch
-from stream.featurize import featurize_records
+from stream.featurize import featurize_records, split_batch
 from stream.records import RawRecord
 from stream.schema import load_schema
 from stream.settings import KafkaSettings, StreamSettings
@@ -37,7 +37,10 @@ def build_app(kafka: KafkaSettings, settings: StreamSettings) -> faust.App:
         producer_max_request_size=kafka.max_message_bytes,
         consumer_max_fetch_size=kafka.max_message_bytes,
         producer_compression_type="lz4",
-        topic_allow_declare=False,
+        topic_allow_declare=True,  # Faust declares its own internal topics; ours exist already
+        stream_buffer_maxsize=32768,  # Faust's default (4096) stalls the fetcher behind the agent
+        broker_max_poll_records=4096,
+        stream_wait_empty=False,
     )
     raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
     events_topic = app.topic(kafka.events_topic, **raw)  # type: ignore[arg-type]
@@ -46,7 +49,7 @@ def build_app(kafka: KafkaSettings, settings: StreamSettings) -> faust.App:
 
     @app.agent(events_topic)
     async def featurize_agent(stream: faust.StreamT) -> None:
-        async for events in stream.take_events(settings.batch_events, within=settings.batch_within_s):
+        async for events in stream.take_events(settings.take_records, within=settings.batch_within_s):
             records = [RawRecord(e.message.partition, e.message.offset, e.value or b"") for e in events]
             try:
                 batch, rejected = featurize_records(records, schema)
@@ -60,9 +63,9 @@ def build_app(kafka: KafkaSettings, settings: StreamSettings) -> faust.App:
                 headers = {"reason": bad.reason.encode(), "stage": b"stream", "source": source}
                 await dlq_topic.send(value=bad.value, headers=headers)
             REJECTED.inc(len(rejected))
-            if len(batch):
-                await batches_topic.send(key=batch.event_ids[0].encode(), value=encode_batch(batch))
-                EVENTS.inc(len(batch))
+            for part in split_batch(batch, settings.batch_events):  # bundles can hold many events
+                await batches_topic.send(key=part.event_ids[0].encode(), value=encode_batch(part))
+                EVENTS.inc(len(part))
                 BATCHES.inc()
 
     return app

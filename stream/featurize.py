@@ -135,6 +135,19 @@ def concat_batches(parts: Sequence[FeatureBatch], schema: Schema) -> FeatureBatc
     )
 
 
+def split_batch(batch: FeatureBatch, size: int) -> list[FeatureBatch]:
+    """Cut a batch into consecutive batches of at most `size` events (none if it is empty)."""
+    out = []
+    for start in range(0, len(batch), size):
+        end = start + size
+        out.append(FeatureBatch(
+            labels=batch.labels[start:end], dense=batch.dense[start:end], ids=batch.ids[start:end],
+            ts=batch.ts[start:end], event_ids=batch.event_ids[start:end],
+            partitions=batch.partitions[start:end], offsets=batch.offsets[start:end], schema_hash=batch.schema_hash,
+        ))
+    return out
+
+
 def featurize_records(records: Sequence[RawRecord], schema: Schema) -> tuple[FeatureBatch, list[Rejected]]:
     """Kafka records -> one batch of the good events + the rejects (each with a reason).
 

@@ -18,7 +18,8 @@ class KafkaSettings:
 @dataclass(frozen=True)
 class StreamSettings:
     schema: str = "criteo"  # bundled schema name or path to a schema TOML file
-    batch_events: int = 1024  # events per Arrow batch (~400 KB for Criteo: under Kafka's 1 MB)
+    batch_events: int = 1024  # most events per Arrow batch (~400 KB for Criteo: under Kafka's 1 MB)
+    take_records: int = 1024  # Kafka records per agent iteration (lower it when records are large bundles)
     batch_within_s: float = 1.0  # flush a partial batch after this many seconds
     app_id: str = "adstream-featurizer"  # Faust app id = Kafka consumer group
     metrics_port: int = 0  # Prometheus endpoint of the worker; 0 = off

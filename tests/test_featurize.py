@@ -15,6 +15,7 @@ from stream.featurize import (
     integer_bucket,
     missing_id,
     signed_log1p,
+    split_batch,
     string_id,
 )
 from stream.records import RawRecord
@@ -85,3 +86,13 @@ def test_featurize_records_splits_good_and_bad(schema):
     assert [(r.partition, r.offset) for r in rejected] == [(1, 20), (1, 21)]
     assert "not valid JSON" in rejected[0].reason and "event_id: missing field" in rejected[1].reason
     assert np.isfinite(batch.labels).all()
+
+
+def test_split_batch_keeps_every_event(schema):
+    events = [event_from_mapping(criteo_event(i), schema) for i in range(10)]
+    batch = featurize(events, schema, [0] * 10, list(range(10)))
+    parts = split_batch(batch, 4)
+    assert [len(p) for p in parts] == [4, 4, 2]
+    assert sum((p.event_ids for p in parts), ()) == batch.event_ids
+    np.testing.assert_array_equal(np.concatenate([p.ids for p in parts]), batch.ids)
+    assert split_batch(featurize([], schema), 4) == []

@@ -1,0 +1,175 @@
+"""`adstream bench pipeline`: each stage alone on the local stack, plus a plain PyTorch baseline.
+
+Reports events/s for replay (single JSON events, Arrow bundles, raw Criteo TSV), featurization
+(in process, and through the Faust worker on the broker), training (adstream's trainer and the
+baseline on the same batches), and both models' progressive AUC/logloss on the real Criteo rows
+(plus river's online logistic regression as a reference, when river is installed).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from adstream import stack
+from adstream.config import Config
+from bench.baseline import BaselineDeepFM
+from stream.featurize import featurize_records
+from stream.records import RawRecord
+from stream.replay import criteo_events, criteo_records, replay, synthetic_records, to_records
+from stream.schema import Schema, load_schema
+from stream.synthetic import SyntheticCriteo
+from stream.topics import ensure_topics
+from trainer.batch import Batch, batch_from_features
+from trainer.loop import Trainer
+from trainer.metrics import ProgressiveMetrics
+
+
+def _rate(n: int, seconds: float) -> float:
+    return n / seconds if seconds > 0 else 0.0
+
+
+def _faust_rate(config: Config, records: list, n_events: int, log_dir: Path, take_records: int) -> float:
+    """Pre-fill a fresh events topic, start the Faust worker, time first-to-last batch arrival."""
+    from confluent_kafka import Consumer
+
+    from adstream.demo import cli_process, stop_process, write_toml
+    from stream.batch_codec import decode_batch
+
+    tag = uuid.uuid4().hex[:6]
+    kafka = replace(config.kafka, events_topic=f"bench-{tag}.events", batches_topic=f"bench-{tag}.batches",
+                    dlq_topic=f"bench-{tag}.dlq")
+    config = replace(config, kafka=kafka, stream=replace(config.stream, app_id=f"bench-{tag}", take_records=take_records))
+    ensure_topics(kafka)
+    replay(iter(records), kafka, progress=False)
+    worker = cli_process(write_toml(config, log_dir / f"bench-{tag}.toml"), "stream", log=log_dir / f"bench-{tag}.log")
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": f"bench-{tag}-check",
+                         "auto.offset.reset": "earliest"})
+    consumer.subscribe([kafka.batches_topic])
+    seen, first, last = 0, None, None
+    deadline = time.monotonic() + 300
+    try:
+        while seen < n_events and time.monotonic() < deadline:
+            for message in consumer.consume(100, timeout=0.5):
+                if message.error():
+                    continue
+                now = time.perf_counter()
+                first = first or now
+                last = now
+                seen += len(decode_batch(message.value()))
+    finally:
+        consumer.close()
+        stop_process(worker)
+    if first is None or last is None or seen < n_events:
+        return float("nan")
+    # the first batch's own events are not inside the timed span
+    return _rate(seen - config.stream.batch_events, last - first)
+
+
+def _progressive(schema: Schema, batches: list[Batch], config: Config) -> dict[str, float]:
+    ours = Trainer(schema, replace(config.trainer, snapshot_dir="/tmp/unused"))
+    baseline = BaselineDeepFM(ours.model_config, lr=config.trainer.lr, sparse_lr=config.trainer.sparse_lr)
+    base_metrics = ProgressiveMetrics()
+    for batch in batches:
+        ours.learn(batch)
+        base_metrics.update(batch.labels.numpy(), baseline.train_step(batch))
+    a, b = ours.metrics.summary(), base_metrics.summary()
+    return {"auc": a["progressive_auc"], "logloss": a["progressive_logloss"],
+            "baseline_auc": b["progressive_auc"], "baseline_logloss": b["progressive_logloss"]}
+
+
+def _river_lr(schema: Schema, files: list[Path]) -> dict[str, float] | None:
+    try:
+        from river import linear_model, optim
+    except ImportError:
+        return None
+    from trainer.metrics import auc_exact, logloss
+
+    model = linear_model.LogisticRegression(optimizer=optim.AdaGrad(0.1))
+    labels, probs = [], []
+    for _, event, _, reason in criteo_events(files, schema):
+        if event is None:
+            continue
+        x = {f"{k}={v}": 1.0 for k, v in event.items() if k.startswith("C") and v}
+        x.update({k: float(np.log1p(max(int(v), 0))) for k, v in event.items() if k.startswith("I") and v is not None})
+        probs.append(model.predict_proba_one(x).get(True, 0.5))
+        labels.append(int(event[schema.label]))
+        model.learn_one(x, bool(event[schema.label]))
+    y, p = np.array(labels), np.array(probs)
+    return {"auc": auc_exact(y, p), "logloss": logloss(y, p)}
+
+
+def run_pipeline_bench(config: Config, events: int = 100_000, criteo_dir: str = "../shared/data/criteo") -> dict[str, Any]:
+    schema = load_schema(config.stream.schema)
+    torch.manual_seed(0)
+    result: dict[str, Any] = {"cores": os.cpu_count(), "python": platform.python_version(),
+                              "torch": torch.__version__, "events": events}
+    stack.up(config.stack)
+    log_dir = Path(config.stack.state_dir).resolve() / "bench-logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    generator = SyntheticCriteo(schema)
+    synthetic, _ = generator.generate(events)
+
+    # replay: pre-encoded records, so the figure is the producer's, not the generator's
+    tag = uuid.uuid4().hex[:6]
+    kafka = replace(config.kafka, events_topic=f"bench-{tag}.events", dlq_topic=f"bench-{tag}.dlq",
+                    batches_topic=f"bench-{tag}.batches")
+    ensure_topics(kafka)
+    singles = list(synthetic_records(synthetic, schema))
+    result["replay_events_per_s"] = replay(iter(singles), kafka, progress=False).events_per_s
+    bundles = list(synthetic_records(synthetic, schema, bundle=1024, fmt="arrow"))
+    result["replay_bundled_events_per_s"] = replay(iter(bundles), kafka, progress=False).events_per_s
+    files = sorted(Path(criteo_dir).glob("*.txt"), key=lambda p: (not p.name.startswith("autoint"), p.name))
+    if files:  # parse + encode + produce, from the raw TSV
+        result["replay_criteo_tsv_events_per_s"] = replay(criteo_records(files, schema), kafka, progress=False).events_per_s
+
+    # featurization, in process (the pure function the agent wraps)
+    json_records = [RawRecord(0, i, value) for i, (_, value, _, _) in enumerate(singles)]
+    start = time.perf_counter()
+    for i in range(0, len(json_records), 1024):
+        featurize_records(json_records[i : i + 1024], schema)
+    result["featurize_json_events_per_s"] = _rate(events, time.perf_counter() - start)
+    arrow_records = [RawRecord(0, i, value) for i, (_, value, _, _) in enumerate(bundles)]
+    start = time.perf_counter()
+    feature_batches = [featurize_records([r], schema)[0] for r in arrow_records]
+    result["featurize_events_per_s"] = _rate(events, time.perf_counter() - start)
+    # ... and through the Faust worker on the broker
+    result["faust_single_events_per_s"] = _faust_rate(config, singles, events, log_dir, take_records=1024)
+    result["faust_bundled_events_per_s"] = _faust_rate(config, bundles, events, log_dir, take_records=4)
+
+    # training: the same batches for adstream's trainer and the baseline
+    batches = [batch_from_features([fb]) for fb in feature_batches]
+    trainer = Trainer(schema, replace(config.trainer, snapshot_dir="/tmp/unused"))
+    start = time.perf_counter()
+    for batch in batches:
+        trainer.learn(batch)
+    result["train_samples_per_s"] = _rate(events, time.perf_counter() - start)
+    baseline = BaselineDeepFM(trainer.model_config, lr=config.trainer.lr, sparse_lr=config.trainer.sparse_lr)
+    start = time.perf_counter()
+    for batch in batches:
+        baseline.train_step(batch)
+    result["baseline_train_samples_per_s"] = _rate(events, time.perf_counter() - start)
+    result["train_store_rows"] = len(trainer.table)
+    result["train_store_bytes"] = trainer.table.tier.bytes_used()
+
+    # accuracy on the real rows, in file order, test-then-train
+    if files:
+        records = [RawRecord(0, i, value) for i, (_, value, reason, _) in
+                   enumerate(criteo_records(files, schema, bundle=256, fmt="arrow")) if reason is None]
+        real = [batch_from_features([featurize_records([r], schema)[0]]) for r in records]
+        scores = _progressive(schema, real, config)
+        result.update({"auc_real": scores["auc"], "logloss_real": scores["logloss"],
+                       "baseline_auc_real": scores["baseline_auc"], "baseline_logloss_real": scores["baseline_logloss"],
+                       "real_rows": int(sum(len(b) for b in real)), "real_batch_size": 256})
+        river = _river_lr(schema, files)
+        if river:
+            result.update({"river_lr_auc_real": river["auc"], "river_lr_logloss_real": river["logloss"]})
+    return result
