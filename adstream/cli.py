@@ -103,10 +103,17 @@ def cmd_train(args: argparse.Namespace) -> None:
 
     config = _config(args)
     if args.workers != 1:
-        raise AdstreamError("train --workers: only 1 worker in this version (several replicas come with k-step merging)")
+        raise AdstreamError(
+            "train --workers: only 1 worker in this version (several replicas come with k-step merging)"
+        )
     summary = run_training(
-        load_schema(config.stream.schema), config.kafka, config.trainer, config.mlflow,
-        max_steps=args.max_steps, max_events=args.max_events, idle_exit_s=args.idle_exit,
+        load_schema(config.stream.schema),
+        config.kafka,
+        config.trainer,
+        config.mlflow,
+        max_steps=args.max_steps,
+        max_events=args.max_events,
+        idle_exit_s=args.idle_exit,
     )
     print(json.dumps(asdict(summary)))
 
@@ -165,7 +172,9 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="adstream", description="Streaming online CTR learning: Kafka -> Faust -> PyTorch -> MLflow -> HTTP.")
+    parser = argparse.ArgumentParser(
+        prog="adstream", description="Streaming online CTR learning: Kafka -> Faust -> PyTorch -> MLflow -> HTTP."
+    )
     parser.add_argument("--config", help="TOML config file (default: $ADSTREAM_CONFIG or ./adstream.toml)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override one setting")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -190,13 +199,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="*", help="Criteo TSV files (the Kaggle train file or day_N files)")
     p.add_argument("--synthetic", type=int, metavar="N", help="replay N events of the built-in generator instead")
     p.add_argument("--seed", type=int, default=7, help="generator seed (--synthetic)")
-    p.add_argument("--drift", type=float, default=0.0, help="std of the true weights' drift per million events (--synthetic)")
+    p.add_argument(
+        "--drift", type=float, default=0.0, help="std of the true weights' drift per million events (--synthetic)"
+    )
     p.add_argument("--rate", type=float, help="events per second (default: as fast as possible)")
     p.add_argument("--limit", type=int, help="stop after N events")
     p.add_argument("--loop", action="store_true", help="replay the files again and again")
     p.add_argument("--bundle", type=int, default=1, help="events per Kafka record (1 = one JSON event per record)")
-    p.add_argument("--bundle-format", choices=["json", "arrow"], default="json",
-                   help="bundle encoding: newline-separated JSON or an Arrow batch")
+    p.add_argument(
+        "--bundle-format",
+        choices=["json", "arrow"],
+        default="json",
+        help="bundle encoding: newline-separated JSON or an Arrow batch",
+    )
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("stream", help="run the Faust featurizer: events -> Arrow batches (+ DLQ)")

@@ -66,9 +66,7 @@ def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
                 raise ValueError(value)
             return str(value)
     except (TypeError, ValueError):
-        raise AdstreamError(
-            f"config {where}={value!r}: expected {type(default).__name__} like {default!r}"
-        ) from None
+        raise AdstreamError(f"config {where}={value!r}: expected {type(default).__name__} like {default!r}") from None
     return value
 
 
@@ -86,7 +84,9 @@ def build_config(sections: dict[str, dict[str, Any]]) -> Config:
         for key in values:
             if key not in names:
                 raise AdstreamError(f"config: unknown key {section}.{key}; valid keys of [{section}]: {sorted(names)}")
-        built[section] = replace(defaults, **{k: _coerce(section, k, v, getattr(defaults, k)) for k, v in values.items()})
+        built[section] = replace(
+            defaults, **{k: _coerce(section, k, v, getattr(defaults, k)) for k, v in values.items()}
+        )
     config = Config(**built)
     kafka_given = "bootstrap" in sections.get("kafka", {})
     mlflow_given = "tracking_uri" in sections.get("mlflow", {})

@@ -138,10 +138,14 @@ def run_demo(config: Config, events: int = 60_000, show: int = 5, json_path: str
     }
     for p in served["predictions"]:
         print(f"      event {p['event_id']}: CTR {p['ctr']:.4f}  (model version {served['model_version']})")
-    print(f"progressive AUC {summary.progressive_auc:.4f} (last {config.trainer.metrics_window} events: "
-          f"{summary.window_auc:.4f}; the generator's ground truth: {result['ground_truth_auc']:.4f})")
-    print(f"MLflow UI: {config.mlflow.tracking_uri}  (experiment '{config.mlflow.experiment}', "
-          f"model '{config.mlflow.model_name}' alias '{config.mlflow.alias}')")
+    print(
+        f"progressive AUC {summary.progressive_auc:.4f} (last {config.trainer.metrics_window} events: "
+        f"{summary.window_auc:.4f}; the generator's ground truth: {result['ground_truth_auc']:.4f})"
+    )
+    print(
+        f"MLflow UI: {config.mlflow.tracking_uri}  (experiment '{config.mlflow.experiment}', "
+        f"model '{config.mlflow.model_name}' alias '{config.mlflow.alias}')"
+    )
     print(f"the stack keeps running: `adstream status`, `adstream down`; done in {result['wall_s']:.0f}s")
     if json_path:
         Path(json_path).write_text(json.dumps(result, indent=2))

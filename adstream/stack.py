@@ -66,12 +66,23 @@ def kafka_jars(settings: StackSettings) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     print(f"fetching Kafka {KAFKA_VERSION} jars from Maven Central into {folder} ...", file=sys.stderr)
     result = subprocess.run(
-        ["mvn", "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
-         f"-DoutputDirectory={tmp}", "-DincludeScope=runtime"],
-        capture_output=True, text=True,
+        [
+            "mvn",
+            "-q",
+            "-B",
+            "-f",
+            str(POM),
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={tmp}",
+            "-DincludeScope=runtime",
+        ],
+        capture_output=True,
+        text=True,
     )
     if result.returncode != 0:
-        raise AdstreamError(f"kafka jars: mvn failed ({result.returncode}):\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+        raise AdstreamError(
+            f"kafka jars: mvn failed ({result.returncode}):\n{result.stdout[-2000:]}{result.stderr[-2000:]}"
+        )
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
     return folder
@@ -85,29 +96,31 @@ def _java() -> str:
 
 
 def _server_properties(settings: StackSettings, data: Path) -> str:
-    return "\n".join([
-        "process.roles=broker,controller",
-        "node.id=1",
-        f"controller.quorum.bootstrap.servers=127.0.0.1:{settings.controller_port}",
-        f"listeners=PLAINTEXT://127.0.0.1:{settings.kafka_port},CONTROLLER://127.0.0.1:{settings.controller_port}",
-        f"advertised.listeners=PLAINTEXT://127.0.0.1:{settings.kafka_port}",
-        "controller.listener.names=CONTROLLER",
-        "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-        "inter.broker.listener.name=PLAINTEXT",
-        f"log.dirs={data}",
-        "num.partitions=2",
-        "offsets.topic.replication.factor=1",
-        "offsets.topic.num.partitions=4",
-        "transaction.state.log.replication.factor=1",
-        "transaction.state.log.min.isr=1",
-        "share.coordinator.state.topic.replication.factor=1",
-        "share.coordinator.state.topic.min.isr=1",
-        "group.initial.rebalance.delay.ms=0",
-        "auto.create.topics.enable=true",
-        "message.max.bytes=8388608",
-        "log.retention.hours=168",
-        "",
-    ])
+    return "\n".join(
+        [
+            "process.roles=broker,controller",
+            "node.id=1",
+            f"controller.quorum.bootstrap.servers=127.0.0.1:{settings.controller_port}",
+            f"listeners=PLAINTEXT://127.0.0.1:{settings.kafka_port},CONTROLLER://127.0.0.1:{settings.controller_port}",
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{settings.kafka_port}",
+            "controller.listener.names=CONTROLLER",
+            "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "inter.broker.listener.name=PLAINTEXT",
+            f"log.dirs={data}",
+            "num.partitions=2",
+            "offsets.topic.replication.factor=1",
+            "offsets.topic.num.partitions=4",
+            "transaction.state.log.replication.factor=1",
+            "transaction.state.log.min.isr=1",
+            "share.coordinator.state.topic.replication.factor=1",
+            "share.coordinator.state.topic.min.isr=1",
+            "group.initial.rebalance.delay.ms=0",
+            "auto.create.topics.enable=true",
+            "message.max.bytes=8388608",
+            "log.retention.hours=168",
+            "",
+        ]
+    )
 
 
 def _pid_alive(pid_file: Path) -> int | None:
@@ -123,8 +136,9 @@ def _pid_alive(pid_file: Path) -> int | None:
 
 def _spawn(cmd: list[str], log_file: Path, pid_file: Path, env: dict[str, str] | None = None) -> int:
     with open(log_file, "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=env)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env
+        )
     pid_file.write_text(str(proc.pid))
     return proc.pid
 
@@ -158,15 +172,46 @@ def start_kafka(settings: StackSettings) -> None:
     classpath = f"{jars}/*"
     log_opt = f"-Dlog4j2.configurationFile={LOG4J}"
     if not (data / "meta.properties").is_file():
-        cluster_id = subprocess.run([java, "-cp", classpath, log_opt, "kafka.tools.StorageTool", "random-uuid"],
-                                    capture_output=True, text=True, check=True).stdout.strip()
+        cluster_id = subprocess.run(
+            [java, "-cp", classpath, log_opt, "kafka.tools.StorageTool", "random-uuid"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         result = subprocess.run(
-            [java, "-cp", classpath, log_opt, "kafka.tools.StorageTool", "format", "--standalone",
-             "-t", cluster_id, "-c", str(config)], capture_output=True, text=True)
+            [
+                java,
+                "-cp",
+                classpath,
+                log_opt,
+                "kafka.tools.StorageTool",
+                "format",
+                "--standalone",
+                "-t",
+                cluster_id,
+                "-c",
+                str(config),
+            ],
+            capture_output=True,
+            text=True,
+        )
         if result.returncode != 0:
             raise AdstreamError(f"kafka: storage format failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
-    _spawn([java, f"-Xmx{settings.kafka_heap}", f"-Xms{settings.kafka_heap}", "-XX:+UseG1GC", "-cp", classpath,
-            log_opt, "kafka.Kafka", str(config)], log_file, pid_file)
+    _spawn(
+        [
+            java,
+            f"-Xmx{settings.kafka_heap}",
+            f"-Xms{settings.kafka_heap}",
+            "-XX:+UseG1GC",
+            "-cp",
+            classpath,
+            log_opt,
+            "kafka.Kafka",
+            str(config),
+        ],
+        log_file,
+        pid_file,
+    )
     _wait(lambda: _kafka_ready(settings.bootstrap), "kafka", settings.start_timeout_s, pid_file, log_file)
 
 
@@ -194,10 +239,21 @@ def start_mlflow(settings: StackSettings) -> None:
             "stop it or choose another port (--mlflow-port / stack.mlflow_port)"
         )
     mlflow_bin = Path(sys.executable).with_name("mlflow")
-    cmd = [str(mlflow_bin) if mlflow_bin.is_file() else "mlflow", "server",
-           "--backend-store-uri", f"sqlite:///{state / 'mlflow.db'}",
-           "--artifacts-destination", str(state / "mlflow-artifacts"), "--serve-artifacts",
-           "--host", "127.0.0.1", "--port", str(settings.mlflow_port), "--workers", "1"]
+    cmd = [
+        str(mlflow_bin) if mlflow_bin.is_file() else "mlflow",
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{state / 'mlflow.db'}",
+        "--artifacts-destination",
+        str(state / "mlflow-artifacts"),
+        "--serve-artifacts",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(settings.mlflow_port),
+        "--workers",
+        "1",
+    ]
     _spawn(cmd, log_file, pid_file)
     _wait(lambda: _http_ok(f"{settings.tracking_uri}/health"), "mlflow", settings.start_timeout_s, pid_file, log_file)
 
@@ -243,8 +299,16 @@ def down(settings: StackSettings) -> list[str]:
 def status(settings: StackSettings) -> dict[str, dict[str, object]]:
     state = _state(settings)
     return {
-        "kafka": {"pid": _pid_alive(state / "kafka.pid"), "address": settings.bootstrap,
-                  "up": port_open(settings.kafka_port), "log": str(state / "kafka.log")},
-        "mlflow": {"pid": _pid_alive(state / "mlflow.pid"), "address": settings.tracking_uri,
-                   "up": port_open(settings.mlflow_port), "log": str(state / "mlflow.log")},
+        "kafka": {
+            "pid": _pid_alive(state / "kafka.pid"),
+            "address": settings.bootstrap,
+            "up": port_open(settings.kafka_port),
+            "log": str(state / "kafka.log"),
+        },
+        "mlflow": {
+            "pid": _pid_alive(state / "mlflow.pid"),
+            "address": settings.tracking_uri,
+            "up": port_open(settings.mlflow_port),
+            "log": str(state / "mlflow.log"),
+        },
     }

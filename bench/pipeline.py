@@ -24,13 +24,16 @@ from adstream.config import Config
 from bench.baseline import BaselineDeepFM
 from stream.featurize import featurize_records
 from stream.records import RawRecord
-from stream.replay import criteo_events, criteo_records, replay, synthetic_records, to_records
+from stream.replay import criteo_events, criteo_records, replay, synthetic_records
 from stream.schema import Schema, load_schema
 from stream.synthetic import SyntheticCriteo
 from stream.topics import ensure_topics
 from trainer.batch import Batch, batch_from_features
 from trainer.loop import Trainer
 from trainer.metrics import ProgressiveMetrics
+
+REAL_BATCH = 64
+REAL_SETTINGS: dict[str, Any] = {"lr": 0.003, "sparse_lr": 0.005, "embed_dim": 4}
 
 
 def _rate(n: int, seconds: float) -> float:
@@ -45,14 +48,21 @@ def _faust_rate(config: Config, records: list, n_events: int, log_dir: Path, tak
     from stream.batch_codec import decode_batch
 
     tag = uuid.uuid4().hex[:6]
-    kafka = replace(config.kafka, events_topic=f"bench-{tag}.events", batches_topic=f"bench-{tag}.batches",
-                    dlq_topic=f"bench-{tag}.dlq")
-    config = replace(config, kafka=kafka, stream=replace(config.stream, app_id=f"bench-{tag}", take_records=take_records))
+    kafka = replace(
+        config.kafka,
+        events_topic=f"bench-{tag}.events",
+        batches_topic=f"bench-{tag}.batches",
+        dlq_topic=f"bench-{tag}.dlq",
+    )
+    config = replace(
+        config, kafka=kafka, stream=replace(config.stream, app_id=f"bench-{tag}", take_records=take_records)
+    )
     ensure_topics(kafka)
     replay(iter(records), kafka, progress=False)
     worker = cli_process(write_toml(config, log_dir / f"bench-{tag}.toml"), "stream", log=log_dir / f"bench-{tag}.log")
-    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": f"bench-{tag}-check",
-                         "auto.offset.reset": "earliest"})
+    consumer = Consumer(
+        {"bootstrap.servers": kafka.bootstrap, "group.id": f"bench-{tag}-check", "auto.offset.reset": "earliest"}
+    )
     consumer.subscribe([kafka.batches_topic])
     seen, first, last = 0, None, None
     deadline = time.monotonic() + 300
@@ -64,7 +74,7 @@ def _faust_rate(config: Config, records: list, n_events: int, log_dir: Path, tak
                 now = time.perf_counter()
                 first = first or now
                 last = now
-                seen += len(decode_batch(message.value()))
+                seen += len(decode_batch(message.value() or b""))
     finally:
         consumer.close()
         stop_process(worker)
@@ -82,8 +92,12 @@ def _progressive(schema: Schema, batches: list[Batch], config: Config) -> dict[s
         ours.learn(batch)
         base_metrics.update(batch.labels.numpy(), baseline.train_step(batch))
     a, b = ours.metrics.summary(), base_metrics.summary()
-    return {"auc": a["progressive_auc"], "logloss": a["progressive_logloss"],
-            "baseline_auc": b["progressive_auc"], "baseline_logloss": b["progressive_logloss"]}
+    return {
+        "auc": a["progressive_auc"],
+        "logloss": a["progressive_logloss"],
+        "baseline_auc": b["progressive_auc"],
+        "baseline_logloss": b["progressive_logloss"],
+    }
 
 
 def _river_lr(schema: Schema, files: list[Path]) -> dict[str, float] | None:
@@ -95,23 +109,31 @@ def _river_lr(schema: Schema, files: list[Path]) -> dict[str, float] | None:
 
     model = linear_model.LogisticRegression(optimizer=optim.AdaGrad(0.1))
     labels, probs = [], []
-    for _, event, _, reason in criteo_events(files, schema):
+    for _, event, _, _ in criteo_events(files, schema):
         if event is None:
             continue
         x = {f"{k}={v}": 1.0 for k, v in event.items() if k.startswith("C") and v}
-        x.update({k: float(np.log1p(max(int(v), 0))) for k, v in event.items() if k.startswith("I") and v is not None})
+        x.update(
+            {k: float(np.log1p(max(int(str(v)), 0))) for k, v in event.items() if k.startswith("I") and v is not None}
+        )
         probs.append(model.predict_proba_one(x).get(True, 0.5))
-        labels.append(int(event[schema.label]))
+        labels.append(int(str(event[schema.label])))
         model.learn_one(x, bool(event[schema.label]))
     y, p = np.array(labels), np.array(probs)
     return {"auc": auc_exact(y, p), "logloss": logloss(y, p)}
 
 
-def run_pipeline_bench(config: Config, events: int = 100_000, criteo_dir: str = "../shared/data/criteo") -> dict[str, Any]:
+def run_pipeline_bench(
+    config: Config, events: int = 100_000, criteo_dir: str = "../shared/data/criteo"
+) -> dict[str, Any]:
     schema = load_schema(config.stream.schema)
     torch.manual_seed(0)
-    result: dict[str, Any] = {"cores": os.cpu_count(), "python": platform.python_version(),
-                              "torch": torch.__version__, "events": events}
+    result: dict[str, Any] = {
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "events": events,
+    }
     stack.up(config.stack)
     log_dir = Path(config.stack.state_dir).resolve() / "bench-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -120,8 +142,12 @@ def run_pipeline_bench(config: Config, events: int = 100_000, criteo_dir: str = 
 
     # replay: pre-encoded records, so the figure is the producer's, not the generator's
     tag = uuid.uuid4().hex[:6]
-    kafka = replace(config.kafka, events_topic=f"bench-{tag}.events", dlq_topic=f"bench-{tag}.dlq",
-                    batches_topic=f"bench-{tag}.batches")
+    kafka = replace(
+        config.kafka,
+        events_topic=f"bench-{tag}.events",
+        dlq_topic=f"bench-{tag}.dlq",
+        batches_topic=f"bench-{tag}.batches",
+    )
     ensure_topics(kafka)
     singles = list(synthetic_records(synthetic, schema))
     result["replay_events_per_s"] = replay(iter(singles), kafka, progress=False).events_per_s
@@ -129,7 +155,9 @@ def run_pipeline_bench(config: Config, events: int = 100_000, criteo_dir: str = 
     result["replay_bundled_events_per_s"] = replay(iter(bundles), kafka, progress=False).events_per_s
     files = sorted(Path(criteo_dir).glob("*.txt"), key=lambda p: (not p.name.startswith("autoint"), p.name))
     if files:  # parse + encode + produce, from the raw TSV
-        result["replay_criteo_tsv_events_per_s"] = replay(criteo_records(files, schema), kafka, progress=False).events_per_s
+        result["replay_criteo_tsv_events_per_s"] = replay(
+            criteo_records(files, schema), kafka, progress=False
+        ).events_per_s
 
     # featurization, in process (the pure function the agent wraps)
     json_records = [RawRecord(0, i, value) for i, (_, value, _, _) in enumerate(singles)]
@@ -160,15 +188,27 @@ def run_pipeline_bench(config: Config, events: int = 100_000, criteo_dir: str = 
     result["train_store_rows"] = len(trainer.table)
     result["train_store_bytes"] = trainer.table.tier.bytes_used()
 
-    # accuracy on the real rows, in file order, test-then-train
+    # accuracy on the real rows, in file order, test-then-train; 10k rows favour small batches
+    # and a low sparse learning rate (same settings for both models; a grid over them is in the note)
     if files:
-        records = [RawRecord(0, i, value) for i, (_, value, reason, _) in
-                   enumerate(criteo_records(files, schema, bundle=256, fmt="arrow")) if reason is None]
+        records = [
+            RawRecord(0, i, value)
+            for i, (_, value, reason, _) in enumerate(criteo_records(files, schema, bundle=REAL_BATCH, fmt="arrow"))
+            if reason is None
+        ]
         real = [batch_from_features([featurize_records([r], schema)[0]]) for r in records]
-        scores = _progressive(schema, real, config)
-        result.update({"auc_real": scores["auc"], "logloss_real": scores["logloss"],
-                       "baseline_auc_real": scores["baseline_auc"], "baseline_logloss_real": scores["baseline_logloss"],
-                       "real_rows": int(sum(len(b) for b in real)), "real_batch_size": 256})
+        scores = _progressive(schema, real, replace(config, trainer=replace(config.trainer, **REAL_SETTINGS)))
+        result.update(
+            {
+                "auc_real": scores["auc"],
+                "logloss_real": scores["logloss"],
+                "baseline_auc_real": scores["baseline_auc"],
+                "baseline_logloss_real": scores["baseline_logloss"],
+                "real_rows": int(sum(len(b) for b in real)),
+                "real_batch_size": REAL_BATCH,
+                "real_settings": REAL_SETTINGS,
+            }
+        )
         river = _river_lr(schema, files)
         if river:
             result.update({"river_lr_auc_real": river["auc"], "river_lr_logloss_real": river["logloss"]})

@@ -35,7 +35,9 @@ from stream.schema import Schema
 
 log = logging.getLogger("adstream.serving")
 REQUESTS = Counter("adstream_serving_requests_total", "prediction requests", ["status"])
-LATENCY = Histogram("adstream_serving_predict_seconds", "time in /predict", buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5))
+LATENCY = Histogram(
+    "adstream_serving_predict_seconds", "time in /predict", buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5)
+)
 SWAPS = Counter("adstream_serving_model_swaps_total", "models swapped in")
 
 # fetch(current_version) -> a newer ServedModel, or None when there is nothing newer
@@ -108,8 +110,15 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> FastA
             return JSONResponse({"detail": "no model loaded yet", "last_error": h.last_error}, status_code=503)
         m = h.current.manifest
         return JSONResponse(
-            {"model_version": h.current.version, "schema_hash": m.schema_hash, "schema_name": m.schema_name,
-             "step": m.step, "events": m.events, "metrics": m.metrics, "offsets": m.offsets}
+            {
+                "model_version": h.current.version,
+                "schema_hash": m.schema_hash,
+                "schema_name": m.schema_name,
+                "step": m.step,
+                "events": m.events,
+                "metrics": m.metrics,
+                "offsets": m.offsets,
+            }
         )
 
     @app.post("/predict")
@@ -134,7 +143,11 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> FastA
         if errors:
             REQUESTS.labels("422").inc()
             return JSONResponse(
-                {"detail": [{"loc": [x for x in loc if x != ""], "msg": msg, "type": "value_error"} for loc, msg in errors]},
+                {
+                    "detail": [
+                        {"loc": [x for x in loc if x != ""], "msg": msg, "type": "value_error"} for loc, msg in errors
+                    ]
+                },
                 status_code=422,
             )
         served = h.current  # read once: a swap during this request does not affect it
@@ -145,11 +158,13 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> FastA
             ctrs = await asyncio.to_thread(predict_events, served, events, schema)
         REQUESTS.labels("200").inc()
         return Response(
-            orjson.dumps({
-                "model_version": served.version,
-                "schema_hash": served.manifest.schema_hash,
-                "predictions": [{"event_id": e.event_id, "ctr": float(c)} for e, c in zip(events, ctrs)],
-            }),
+            orjson.dumps(
+                {
+                    "model_version": served.version,
+                    "schema_hash": served.manifest.schema_hash,
+                    "predictions": [{"event_id": e.event_id, "ctr": float(c)} for e, c in zip(events, ctrs)],
+                }
+            ),
             media_type="application/json",
         )
 
@@ -161,4 +176,6 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> FastA
 
 
 def _unprocessable(locs: list[tuple[Any, ...]], msg: str) -> JSONResponse:
-    return JSONResponse({"detail": [{"loc": list(loc), "msg": msg, "type": "value_error"} for loc in locs]}, status_code=422)
+    return JSONResponse(
+        {"detail": [{"loc": list(loc), "msg": msg, "type": "value_error"} for loc in locs]}, status_code=422
+    )

@@ -38,7 +38,9 @@ class ServedModel:
         if found.any():
             out[torch.from_numpy(found)] = self.vectors[torch.from_numpy(pos[found])]
         if (~found).any():
-            out[torch.from_numpy(~found)] = initial_vectors(flat[~found], self.table.dim, self.table.seed, self.table.init_std)
+            out[torch.from_numpy(~found)] = initial_vectors(
+                flat[~found], self.table.dim, self.table.seed, self.table.init_std
+            )
         return out
 
 

@@ -107,12 +107,22 @@ def featurize_arrow_bundle(record: RawRecord, schema: Schema) -> tuple[FeatureBa
     ids_col = table.column(schema.event_id).chunk(0).cast(pa.string())
     event_ids = ids_col.to_pylist()
     flag(np.array([not e for e in event_ids], dtype=bool), f"{schema.event_id}: must be a non-empty string")
-    ints = np.stack([scalars[f][0] for f in schema.integer_fields], axis=1) if schema.integer_fields else np.zeros((n, 0), np.int64)
-    int_missing = np.stack([scalars[f][1] for f in schema.integer_fields], axis=1) if schema.integer_fields else np.zeros((n, 0), bool)
+    ints = (
+        np.stack([scalars[f][0] for f in schema.integer_fields], axis=1)
+        if schema.integer_fields
+        else np.zeros((n, 0), np.int64)
+    )
+    int_missing = (
+        np.stack([scalars[f][1] for f in schema.integer_fields], axis=1)
+        if schema.integer_fields
+        else np.zeros((n, 0), bool)
+    )
     columns = []
     for name in schema.categorical_fields:
         column = table.column(name).chunk(0)
-        if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or pa.types.is_null(column.type)):
+        if not (
+            pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or pa.types.is_null(column.type)
+        ):
             return _whole(record, schema, f"{name}: column type {column.type}, expected strings")
         columns.append(column.cast(pa.string()))
     c = len(columns)

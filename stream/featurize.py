@@ -15,7 +15,6 @@ vectorized function, so stream-time and serve-time features cannot drift apart.
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -140,11 +139,18 @@ def split_batch(batch: FeatureBatch, size: int) -> list[FeatureBatch]:
     out = []
     for start in range(0, len(batch), size):
         end = start + size
-        out.append(FeatureBatch(
-            labels=batch.labels[start:end], dense=batch.dense[start:end], ids=batch.ids[start:end],
-            ts=batch.ts[start:end], event_ids=batch.event_ids[start:end],
-            partitions=batch.partitions[start:end], offsets=batch.offsets[start:end], schema_hash=batch.schema_hash,
-        ))
+        out.append(
+            FeatureBatch(
+                labels=batch.labels[start:end],
+                dense=batch.dense[start:end],
+                ids=batch.ids[start:end],
+                ts=batch.ts[start:end],
+                event_ids=batch.event_ids[start:end],
+                partitions=batch.partitions[start:end],
+                offsets=batch.offsets[start:end],
+                schema_hash=batch.schema_hash,
+            )
+        )
     return out
 
 

@@ -125,13 +125,15 @@ def to_records(items: Iterable[Item], schema: Schema, bundle: int = 1, fmt: str 
         yield flush()
 
 
-def criteo_records(paths: Iterable[str | Path], schema: Schema, loop: bool = False, bundle: int = 1,
-                   fmt: str = "json") -> Iterator[Record]:
+def criteo_records(
+    paths: Iterable[str | Path], schema: Schema, loop: bool = False, bundle: int = 1, fmt: str = "json"
+) -> Iterator[Record]:
     return to_records(criteo_events(paths, schema, loop), schema, bundle, fmt)
 
 
-def synthetic_records(events: Iterable[dict[str, object]], schema: Schema, bundle: int = 1,
-                      fmt: str = "json") -> Iterator[Record]:
+def synthetic_records(
+    events: Iterable[dict[str, object]], schema: Schema, bundle: int = 1, fmt: str = "json"
+) -> Iterator[Record]:
     return to_records(synthetic_events(events, schema), schema, bundle, fmt)
 
 
@@ -157,14 +159,18 @@ class KafkaWriter:
 
         self.errors: list[str] = []
         config = producer_config(kafka)
-        config["on_delivery"] = lambda err, msg: err and self.errors.append(str(err))
+        config["on_delivery"] = self._on_error
         self._producer = Producer(config)
         self._since_poll = 0
+
+    def _on_error(self, err: object, msg: object) -> None:  # only errors are reported (see config)
+        if err is not None:
+            self.errors.append(str(err))
 
     def send(self, topic: str, value: bytes, key: bytes | None = None, headers: dict[str, str] | None = None) -> None:
         while True:
             try:
-                self._producer.produce(topic, value=value, key=key, headers=headers)
+                self._producer.produce(topic, value=value, key=key, headers=headers)  # type: ignore[arg-type]
                 break
             except BufferError:  # local queue full: let librdkafka send, then retry
                 self._producer.poll(0.05)

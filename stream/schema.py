@@ -18,8 +18,13 @@ from stream.errors import SchemaError
 SCHEMA_DIR = Path(__file__).parent / "schemas"
 ENCODINGS = ("hex32", "string")
 _KEYS = {
-    "name", "label", "event_id", "timestamp", "categorical_encoding",
-    "integer_fields", "categorical_fields",
+    "name",
+    "label",
+    "event_id",
+    "timestamp",
+    "categorical_encoding",
+    "integer_fields",
+    "categorical_fields",
 }
 
 
@@ -57,9 +62,7 @@ def schema_from_dict(content: dict[str, object], where: str = "schema") -> Schem
     if missing:
         raise SchemaError(f"{where}: missing key(s) {sorted(missing)}")
     if content["categorical_encoding"] not in ENCODINGS:
-        raise SchemaError(
-            f"{where}: categorical_encoding={content['categorical_encoding']!r}; use one of {ENCODINGS}"
-        )
+        raise SchemaError(f"{where}: categorical_encoding={content['categorical_encoding']!r}; use one of {ENCODINGS}")
     ints = tuple(str(f) for f in content["integer_fields"])  # type: ignore[attr-defined]
     cats = tuple(str(f) for f in content["categorical_fields"])  # type: ignore[attr-defined]
     names = [content["label"], content["event_id"], content["timestamp"], *ints, *cats]

@@ -52,13 +52,13 @@ class SyntheticCriteo:
         importance = rng.choice([0.0, 0.5, 1.0], size=n_cat, p=[0.25, 0.35, 0.4])
         for f in range(n_cat):
             ranks = np.arange(1, self.vocab[f] + 1, dtype=np.float64)
-            p = ranks ** -config.zipf_exponent
+            p = ranks**-config.zipf_exponent
             self._cdf.append(np.cumsum(p / p.sum()))
             values = rng.integers(0, 1 << 32, size=self.vocab[f], dtype=np.int64)
             self.values.append(np.array([f"{v:08x}" for v in values], dtype=object))
             self.weights.append(rng.normal(0.0, config.weight_std * importance[f], self.vocab[f]))
         k = min(config.interacting_fields, n_cat)
-        self.interacting = np.arange(k)
+        self.interacting = list(range(k))  # categorical fields that interact pairwise
         self.factors = [rng.normal(0.0, config.factor_std, (self.vocab[f], config.factor_dim)) for f in range(k)]
         self.cat_missing = rng.choice([0.0, 0.05, 0.4], size=n_cat, p=[0.6, 0.25, 0.15])
         self.int_missing = rng.choice([0.0, 0.2, 0.45], size=n_int, p=[0.5, 0.3, 0.2])
@@ -90,8 +90,8 @@ class SyntheticCriteo:
         p = 1.0 / (1.0 + np.exp(-logit))
         labels = (rng.random(n) < p).astype(np.int64)
         events = []
-        hexes = [np.where(cat_missing[f], None, self.values[f][r]).tolist() for f, r in enumerate(ranks)]
-        ints = np.where(int_missing, None, counts.astype(object)).tolist()
+        hexes = [np.where(cat_missing[f], None, self.values[f][r]).tolist() for f, r in enumerate(ranks)]  # type: ignore[call-overload]
+        ints = np.where(int_missing, None, counts.astype(object)).tolist()  # type: ignore[call-overload]
         int_names = schema.integer_fields
         cat_names = schema.categorical_fields
         for row in range(n):

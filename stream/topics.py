@@ -18,7 +18,11 @@ def ensure_topics(kafka: KafkaSettings, timeout_s: float = 30.0) -> list[str]:
         raise StreamError(f"kafka at {kafka.bootstrap}: unreachable ({exc}); start it with `adstream up`") from None
     config = {"max.message.bytes": str(kafka.max_message_bytes)}
     wanted = [kafka.events_topic, kafka.batches_topic, kafka.dlq_topic]
-    new = [NewTopic(t, num_partitions=kafka.partitions, replication_factor=1, config=config) for t in wanted if t not in existing]
+    new = [
+        NewTopic(t, num_partitions=kafka.partitions, replication_factor=1, config=config)
+        for t in wanted
+        if t not in existing
+    ]
     if not new:
         return []
     for topic, future in admin.create_topics(new, operation_timeout=timeout_s).items():

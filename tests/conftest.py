@@ -35,8 +35,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Config]:
     state = tmp_path_factory.mktemp("stack")
     kafka_port = int(os.environ.get("ADSTREAM_TEST_KAFKA_PORT", "29092"))
     mlflow_port = int(os.environ.get("ADSTREAM_TEST_MLFLOW_PORT", "25000"))
-    config = build_config({"stack": {"state_dir": str(state), "kafka_port": kafka_port,
-                                     "controller_port": kafka_port + 1, "mlflow_port": mlflow_port}})
+    config = build_config(
+        {
+            "stack": {
+                "state_dir": str(state),
+                "kafka_port": kafka_port,
+                "controller_port": kafka_port + 1,
+                "mlflow_port": mlflow_port,
+            }
+        }
+    )
     try:
         local_stack.up(config.stack)
     except Exception as exc:
@@ -50,14 +58,24 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Config]:
 def isolated(stack: Config, tmp_path: Path) -> Config:
     """The session stack with topics, groups, experiment and model name of this test alone."""
     tag = uuid.uuid4().hex[:8]
-    kafka = replace(stack.kafka, events_topic=f"t{tag}.events", batches_topic=f"t{tag}.batches",
-                    dlq_topic=f"t{tag}.dlq", partitions=2)
+    kafka = replace(
+        stack.kafka,
+        events_topic=f"t{tag}.events",
+        batches_topic=f"t{tag}.batches",
+        dlq_topic=f"t{tag}.dlq",
+        partitions=2,
+    )
     return replace(
         stack,
         kafka=kafka,
         stream=replace(stack.stream, app_id=f"t{tag}-featurizer", batch_within_s=0.5),
-        trainer=replace(stack.trainer, group_id=f"t{tag}-trainer", snapshot_dir=str(tmp_path / "snapshots"),
-                        snapshot_every_steps=1000, snapshot_every_s=3600.0),
+        trainer=replace(
+            stack.trainer,
+            group_id=f"t{tag}-trainer",
+            snapshot_dir=str(tmp_path / "snapshots"),
+            snapshot_every_steps=1000,
+            snapshot_every_s=3600.0,
+        ),
         mlflow=replace(stack.mlflow, experiment=f"test-{tag}", model_name=f"test-model-{tag}"),
         serving=replace(stack.serving, cache_dir=str(tmp_path / "serving"), poll_s=0.5),
     )

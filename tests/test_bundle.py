@@ -12,8 +12,12 @@ from stream.records import RawRecord
 from stream.schema import load_schema
 
 SCHEMA = load_schema()
-hex_values = st.one_of(st.none(), st.just(""), st.integers(0, 2**32 - 1).map(lambda v: f"{v:08x}"),
-                       st.integers(0, 4095).map(lambda v: f"{v:X}"))
+hex_values = st.one_of(
+    st.none(),
+    st.just(""),
+    st.integers(0, 2**32 - 1).map(lambda v: f"{v:08x}"),
+    st.integers(0, 4095).map(lambda v: f"{v:X}"),
+)
 int_values = st.one_of(st.none(), st.integers(-5, 10**9))
 
 

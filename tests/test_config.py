@@ -29,7 +29,7 @@ def test_values_are_typed():
 
 def test_file_and_set_flags(tmp_path):
     file = tmp_path / "a.toml"
-    file.write_text('[trainer]\nlr = 0.5\n[stream]\nbatch_events = 64\n')
+    file.write_text("[trainer]\nlr = 0.5\n[stream]\nbatch_events = 64\n")
     config = load_config(str(file), ["trainer.lr=0.25"])
     assert config.trainer.lr == 0.25 and config.stream.batch_events == 64
     with pytest.raises(AdstreamError, match="section.key=value"):

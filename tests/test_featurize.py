@@ -66,9 +66,17 @@ def test_dense_is_signed_log1p(schema):
 
 
 def test_string_encoding_hashes_stably():
-    schema = schema_from_dict({"name": "s", "label": "y", "event_id": "id", "timestamp": "t",
-                               "categorical_encoding": "string", "integer_fields": [],
-                               "categorical_fields": ["site", "app"]})
+    schema = schema_from_dict(
+        {
+            "name": "s",
+            "label": "y",
+            "event_id": "id",
+            "timestamp": "t",
+            "categorical_encoding": "string",
+            "integer_fields": [],
+            "categorical_fields": ["site", "app"],
+        }
+    )
     event = event_from_mapping({"id": "a", "t": 1, "y": 0, "site": "news.com", "app": None}, schema)
     ids = event_ids(event, schema)
     assert ids[0] == string_id(0, "news.com") and ids[0] >= 1 << 62

@@ -53,8 +53,11 @@ def compose() -> dict:
 def test_compose_services_run_real_cli_commands():
     services = compose()["services"]
     commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
-    adstream_services = [s for s in services.values() if s.get("image") == "adstream:local" and "command" in s
-                         and s.get("entrypoint") is None]
+    adstream_services = [
+        s
+        for s in services.values()
+        if s.get("image") == "adstream:local" and "command" in s and s.get("entrypoint") is None
+    ]
     assert {s["command"][0] for s in adstream_services} == {"stream", "train", "serve", "replay"}
     for service in adstream_services:
         assert service["command"][0] in commands

@@ -3,11 +3,11 @@ import torch
 
 from store.ram import RamTier
 from store.table import EmbeddingTable, TableConfig
+from tests.test_batch_codec import make_batch
 from trainer.batch import Batch, batch_from_features
 from trainer.metrics import ProgressiveMetrics, auc_exact, logloss
 from trainer.model import DeepFM, ModelConfig
 from trainer.step import predict, train_step
-from tests.test_batch_codec import make_batch
 
 
 def small(seed: int = 0):

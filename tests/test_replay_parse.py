@@ -18,8 +18,12 @@ def test_parse_line_keeps_missing_and_negative(schema):
 
 @pytest.mark.parametrize(
     ("line", "reason"),
-    [("1\t2\t3", "expected 40"), ("x" + LINE[1:], "label"), (LINE.replace("\t5\t", "\t5.5\t", 1), "I1"),
-     (LINE.replace("68fd1e64", "ZZZZZZZZ", 1), "C1")],
+    [
+        ("1\t2\t3", "expected 40"),
+        ("x" + LINE[1:], "label"),
+        (LINE.replace("\t5\t", "\t5.5\t", 1), "I1"),
+        (LINE.replace("68fd1e64", "ZZZZZZZZ", 1), "C1"),
+    ],
 )
 def test_bad_lines_are_explained(schema, line, reason):
     with pytest.raises(ValueError, match=reason):

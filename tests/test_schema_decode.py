@@ -65,8 +65,12 @@ def test_bundle_splits_lines():
 def test_schema_hash_is_stable_and_content_based(schema):
     assert load_schema("criteo").hash == schema.hash
     content = {
-        "name": "criteo", "label": "label", "event_id": "event_id", "timestamp": "ts",
-        "categorical_encoding": "hex32", "integer_fields": list(schema.integer_fields),
+        "name": "criteo",
+        "label": "label",
+        "event_id": "event_id",
+        "timestamp": "ts",
+        "categorical_encoding": "hex32",
+        "integer_fields": list(schema.integer_fields),
         "categorical_fields": list(schema.categorical_fields),
     }
     assert schema_from_dict(content).hash == schema.hash
@@ -78,7 +82,16 @@ def test_schema_errors_name_the_key(tmp_path):
     with pytest.raises(SchemaError, match="unknown key"):
         schema_from_dict({"nam": "x"})
     with pytest.raises(SchemaError, match="categorical_encoding"):
-        schema_from_dict({"name": "x", "label": "l", "event_id": "i", "timestamp": "t",
-                          "categorical_encoding": "md5", "integer_fields": [], "categorical_fields": []})
+        schema_from_dict(
+            {
+                "name": "x",
+                "label": "l",
+                "event_id": "i",
+                "timestamp": "t",
+                "categorical_encoding": "md5",
+                "integer_fields": [],
+                "categorical_fields": [],
+            }
+        )
     with pytest.raises(SchemaError, match="no file"):
         load_schema(tmp_path / "nope.toml")

@@ -38,7 +38,9 @@ def make_client(schema, queue):
 
 
 def test_predicts_one_or_many_with_the_version(schema, snapshots):
-    expected = predict_events(snapshots[0], [event_from_mapping(unlabelled(i), schema, False) for i in range(3)], schema)
+    expected = predict_events(
+        snapshots[0], [event_from_mapping(unlabelled(i), schema, False) for i in range(3)], schema
+    )
     with make_client(schema, [snapshots[0]]) as client:
         one = client.post("/predict", json=unlabelled(0)).json()
         many = client.post("/predict", json=[unlabelled(i) for i in range(3)]).json()

@@ -11,13 +11,13 @@ from store.ram import RamTier
 from store.table import EmbeddingTable
 from stream.decode import event_from_mapping
 from stream.featurize import featurize
+from tests.conftest import criteo_event
 from trainer.batch import batch_from_features
 from trainer.errors import SnapshotError
 from trainer.loop import Trainer
 from trainer.settings import TrainerSettings
 from trainer.snapshot import load_optimizer_state, load_snapshot, read_manifest
 from trainer.step import predict
-from tests.conftest import criteo_event
 
 
 def trained(schema, steps: int = 5) -> Trainer:
@@ -32,7 +32,11 @@ def test_round_trip_restores_the_same_predictions(schema, tmp_path):
     trainer = trained(schema)
     path = trainer.save(tmp_path)
     assert sorted(p.name for p in path.iterdir()) == [
-        "dense.safetensors", "embeddings.safetensors", "manifest.json", "optimizer.safetensors"]
+        "dense.safetensors",
+        "embeddings.safetensors",
+        "manifest.json",
+        "optimizer.safetensors",
+    ]
     manifest = read_manifest(path)
     assert manifest.step == 5 and manifest.events == 250 and manifest.offsets == {"0": 5}
     assert manifest.schema_hash == schema.hash

@@ -28,7 +28,7 @@ class Batch:
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
-    def to(self, device: torch.device | str) -> "Batch":
+    def to(self, device: torch.device | str) -> Batch:
         return Batch(
             self.labels.to(device), self.dense.to(device), self.ids, self.event_ids, self.source_offsets, self.parts
         )

@@ -92,7 +92,9 @@ class Trainer:
         )
 
     def save(self, root: str | Path) -> Path:
-        return save_snapshot(Path(root) / f"step-{self.step:09d}", self.manifest(), self.model, self.table, self.optimizer)
+        return save_snapshot(
+            Path(root) / f"step-{self.step:09d}", self.manifest(), self.model, self.table, self.optimizer
+        )
 
 
 def run_training(
@@ -147,7 +149,9 @@ def run_training(
                     WINDOW_AUC.set(summary["window_auc"])
                     rate = trainer.events / trainer.train_seconds
                     publisher.log_metrics({**summary, "samples_per_s": rate}, trainer.step)
-                    bar.update(task, info=f"step {trainer.step} events {trainer.events} auc {summary['progressive_auc']:.4f}")
+                    bar.update(
+                        task, info=f"step {trainer.step} events {trainer.events} auc {summary['progressive_auc']:.4f}"
+                    )
                 due_steps = trainer.step - last_snapshot_step >= settings.snapshot_every_steps
                 due_time = time.monotonic() - last_snapshot_t >= settings.snapshot_every_s
                 if due_steps or due_time:

@@ -31,7 +31,7 @@ class ModelConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, object]) -> "ModelConfig":
+    def from_dict(cls, data: dict[str, object]) -> ModelConfig:
         data = dict(data)
         data["hidden"] = tuple(data["hidden"])  # type: ignore[arg-type]
         return cls(**data)  # type: ignore[arg-type]

@@ -55,9 +55,9 @@ class BatchSource:
             for message in messages:
                 if message.error():
                     raise TrainerError(f"kafka consumer on {self.kafka.batches_topic}: {message.error()}")
-                self.position[message.partition()] = message.offset() + 1
+                self.position[message.partition() or 0] = (message.offset() or 0) + 1
                 try:
-                    part = decode_batch(message.value())
+                    part = decode_batch(message.value() or b"")
                 except StreamError as exc:
                     self.skipped += 1
                     log.error("skipping batch at %s:%s: %s", message.partition(), message.offset(), exc)

@@ -28,8 +28,14 @@ def drain(bootstrap: str, topic: str, done: Callable[[list], bool], timeout_s: f
     """Consume `topic` from the start until done(messages) or the timeout; returns the messages."""
     from confluent_kafka import Consumer
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
-                         "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.subscribe([topic])
     messages: list = []
     deadline = time.monotonic() + timeout_s

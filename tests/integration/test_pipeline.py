@@ -5,7 +5,6 @@ replay -> Faust featurizer (subprocess) -> trainer -> MLflow registry -> `adstre
 
 import json
 from dataclasses import replace
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -38,8 +37,9 @@ def train_through_stack(config, tmp_path, records, n_events):
     try:
         replayed = replay(records, config.kafka, progress=False)
         assert replayed.events == n_events
-        summary = run_training(schema, config.kafka, config.trainer, config.mlflow, max_events=n_events,
-                               idle_exit_s=90, progress=False)
+        summary = run_training(
+            schema, config.kafka, config.trainer, config.mlflow, max_events=n_events, idle_exit_s=90, progress=False
+        )
     finally:
         stop_process(worker)
     assert summary.events == n_events, f"featurizer log:\n{log.read_text()[-3000:]}"
@@ -66,7 +66,9 @@ def serve_and_compare(config, tmp_path, summary, events):
         stop_process(server)
     manifest = read_manifest(summary.snapshot_path)
     table_config = TableConfig(**manifest.table)
-    snapshot = load_snapshot(summary.snapshot_path, EmbeddingTable(RamTier(3 * table_config.dim, 1 << 30), table_config))
+    snapshot = load_snapshot(
+        summary.snapshot_path, EmbeddingTable(RamTier(3 * table_config.dim, 1 << 30), table_config)
+    )
     batch = batch_from_features([featurize([event_from_mapping(e, schema) for e in events], schema)])
     own = predict(snapshot.model, snapshot.table, batch)
     np.testing.assert_allclose(served, own, atol=1e-5, rtol=0)
@@ -86,8 +88,11 @@ def test_synthetic_stream_end_to_end(isolated, tmp_path):
     # Progressive AUC of the last 30k events against the best reachable AUC on those same events.
     best = auc_exact(labels[-30_000:], truth[-30_000:])
     REPORT.mkdir(parents=True, exist_ok=True)
-    (REPORT / "synthetic.json").write_text(json.dumps({"window_auc": summary.window_auc, "ground_truth_auc": best,
-                                                       "progressive_auc": summary.progressive_auc}))
+    (REPORT / "synthetic.json").write_text(
+        json.dumps(
+            {"window_auc": summary.window_auc, "ground_truth_auc": best, "progressive_auc": summary.progressive_auc}
+        )
+    )
     assert summary.window_auc >= best - 0.05, (summary.window_auc, best)
     assert summary.batches_built >= n // config.stream.batch_events and summary.steps > 0
     client = MlflowClient(config.mlflow.tracking_uri)
@@ -108,14 +113,24 @@ def test_real_criteo_rows_end_to_end(isolated, tmp_path):
     schema = load_schema()
     records = list(criteo_records(CRITEO_FILES, schema))
     n = sum(1 for r in records if r[2] is None)
-    config = replace(isolated, trainer=replace(isolated.trainer, batch_size=256),
-                     stream=replace(isolated.stream, batch_events=256))
+    config = replace(
+        isolated, trainer=replace(isolated.trainer, batch_size=256), stream=replace(isolated.stream, batch_events=256)
+    )
     summary = train_through_stack(config, tmp_path, iter(records), n)
     REPORT.mkdir(parents=True, exist_ok=True)
-    (REPORT / "criteo.json").write_text(json.dumps({"events": n, "progressive_auc": summary.progressive_auc,
-                                                    "progressive_logloss": summary.progressive_logloss}))
-    print(f"real Criteo rows: {n} events, progressive AUC {summary.progressive_auc:.4f}, "
-          f"logloss {summary.progressive_logloss:.4f}")
+    (REPORT / "criteo.json").write_text(
+        json.dumps(
+            {
+                "events": n,
+                "progressive_auc": summary.progressive_auc,
+                "progressive_logloss": summary.progressive_logloss,
+            }
+        )
+    )
+    print(
+        f"real Criteo rows: {n} events, progressive AUC {summary.progressive_auc:.4f}, "
+        f"logloss {summary.progressive_logloss:.4f}"
+    )
     assert summary.progressive_auc > 0.65  # online LR reaches 0.73 here; a broken learner sits at 0.5
     sample = [json.loads(r[1]) for r in records[-50:]]
     serve_and_compare(config, tmp_path, summary, sample)

@@ -31,8 +31,17 @@ def test_replay_stream_batches_exact_and_dlq(isolated, tmp_path):
     writer = KafkaWriter(kafka)  # malformed events straight onto the events topic
     writer.send(kafka.events_topic, b"{not json", b"bad-1")
     writer.send(kafka.events_topic, orjson.dumps({"event_id": "bad-2", "ts": 1}), b"bad-2")
-    bundle = b"\n".join(orjson.dumps({"event_id": f"b{i}", "ts": 1, "label": 0, **{f: None for f in
-                         schema.integer_fields + schema.categorical_fields}}) for i in range(5))
+    bundle = b"\n".join(
+        orjson.dumps(
+            {
+                "event_id": f"b{i}",
+                "ts": 1,
+                "label": 0,
+                **{f: None for f in schema.integer_fields + schema.categorical_fields},
+            }
+        )
+        for i in range(5)
+    )
     writer.send(kafka.events_topic, bundle, b"b0")  # a bundle of 5 good events
     arrow = [{**orjson.loads(bundle.split(b"\n")[0]), "event_id": f"a{i}"} for i in range(10)]
     arrow[3]["C1"] = "not-hex"
@@ -43,11 +52,13 @@ def test_replay_stream_batches_exact_and_dlq(isolated, tmp_path):
 
     worker, log = start_cli(isolated, tmp_path, "stream")
     try:
+
         def count(messages):
             return sum(len(decode_batch(m.value())) for m in messages)
 
-        batches = drain(kafka.bootstrap, kafka.batches_topic, lambda m: count(m) >= len(sent), 120,
-                        f"check-{uuid.uuid4().hex[:6]}")
+        batches = drain(
+            kafka.bootstrap, kafka.batches_topic, lambda m: count(m) >= len(sent), 120, f"check-{uuid.uuid4().hex[:6]}"
+        )
         dlq = drain(kafka.bootstrap, kafka.dlq_topic, lambda m: len(m) >= 9, 60, f"check-{uuid.uuid4().hex[:6]}")
     finally:
         stop_process(worker)
