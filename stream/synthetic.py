@@ -90,7 +90,7 @@ class SyntheticCriteo:
         p = 1.0 / (1.0 + np.exp(-logit))
         labels = (rng.random(n) < p).astype(np.int64)
         events = []
-        hexes = [np.where(cat_missing[f], None, self.values[f][r]).tolist() for f, r in enumerate(ranks)]  # type: ignore[call-overload]
+        hexes = [np.where(cat_missing[f], None, self.values[f][r]).tolist() for f, r in enumerate(ranks)]  # type: ignore[call-overload,attr-defined]
         ints = np.where(int_missing, None, counts.astype(object)).tolist()  # type: ignore[call-overload]
         int_names = schema.integer_fields
         cat_names = schema.categorical_fields
