@@ -152,6 +152,35 @@ def cmd_predict(args: argparse.Namespace) -> None:
         sys.exit(1)
 
 
+def cmd_topology(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from store.placement import describe, make_plan
+    from store.topology import discover, parse_topo_matrix
+
+    topology = parse_topo_matrix(Path(args.matrix).read_text()) if args.matrix else discover()
+    storage = {}
+    for item in args.storage:
+        node, sep, path = item.partition("=")
+        if not sep or not node.isdigit():
+            raise AdstreamError(f"topology --storage {item!r}: write NUMA_NODE=PATH, e.g. 0=/nvme0/adstream")
+        storage[int(node)] = path
+    plan = make_plan(topology, storage)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "topology": asdict(topology)
+                    | {"links": {f"{a}-{b}": link.kind for (a, b), link in topology.links.items()}},
+                    "plan": asdict(plan) | {"routes": [asdict(r) for r in plan.routes.values()]},
+                },
+                default=str,
+            )
+        )
+    else:
+        print(describe(topology, plan))
+
+
 def cmd_demo(args: argparse.Namespace) -> None:
     from adstream.demo import run_demo
 
@@ -234,6 +263,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("event", help="event JSON, or - to read stdin")
     p.add_argument("--url", help="server URL (default from [serving])")
     p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("topology", help="show this machine's GPU/NIC/NUMA layout and the placement plan")
+    p.add_argument("--matrix", help="read an `nvidia-smi topo -m` output from this file instead of this machine")
+    p.add_argument(
+        "--storage",
+        action="append",
+        default=[],
+        metavar="NODE=PATH",
+        help="RocksDB directory for the GPUs of a NUMA node (repeatable)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(func=cmd_topology)
 
     p = sub.add_parser("demo", help="the whole path on the local stack, ending in served predictions")
     stack_flags(p)
