@@ -37,7 +37,9 @@ class ServedModel:
         out = torch.empty((len(flat), self.table.dim), dtype=torch.float32)
         if found.any():
             out[torch.from_numpy(found)] = self.vectors[torch.from_numpy(pos[found])]
-        if (~found).any():
+        if (~found).any() and self.table.min_count > 1:  # the trainer reads a shared zero row for these
+            out[torch.from_numpy(~found)] = 0.0
+        elif (~found).any():
             out[torch.from_numpy(~found)] = initial_vectors(
                 flat[~found], self.table.dim, self.table.seed, self.table.init_std
             )

@@ -1,6 +1,10 @@
-"""RamTier: rows in one growable host tensor, ids -> slots in a dict. Any 64-bit id works.
+"""RamTier: rows in one tensor, ids -> slots in a dict, per-slot bookkeeping in numpy arrays.
 
-Lookups are vectorized over the batch (`map(dict.get)` runs in C); there is no Python loop per id.
+Any 64-bit id works. Lookups are vectorized over the batch (`map(dict.get)` runs in C); there is
+no Python loop per id. The same class is the device tier (`device="cuda"`, preallocated to its
+budget, never grows) and the host RAM tier (grows up to its budget; pinned memory under CUDA).
+Per slot it keeps `last_seen` (step), `freq` (times written) and `dirty` (newer than the cold
+tier), which the hierarchy's eviction and expiry policies read.
 """
 
 from __future__ import annotations
@@ -13,24 +17,54 @@ import torch
 from store.errors import StoreError
 
 _ID_OVERHEAD_BYTES = 8 + 8  # the dict's key and slot, counted against the budget
+_NO_ID = np.iinfo(np.int64).min
 
 
 class RamTier:
-    def __init__(self, width: int, capacity_bytes: int, initial_rows: int = 1024) -> None:
+    def __init__(
+        self,
+        width: int,
+        capacity_bytes: int,
+        initial_rows: int = 1024,
+        device: str | torch.device = "cpu",
+        preallocate: bool = False,
+        pin: bool = False,
+    ) -> None:
         if width <= 0:
             raise StoreError(f"RamTier: width={width}; must be positive")
         if capacity_bytes <= 0:
-            raise StoreError(f"RamTier: capacity_bytes={capacity_bytes}; set store.ram_bytes to a positive budget")
+            raise StoreError(f"RamTier: capacity_bytes={capacity_bytes}; set a positive budget in bytes")
         self.width = width
         self.capacity_bytes = capacity_bytes
-        self._rows = torch.zeros((initial_rows, width), dtype=torch.float32)
+        self.device = torch.device(device)
+        self.pin = pin and torch.cuda.is_available() and self.device.type == "cpu"
+        rows = self.capacity_rows if preallocate else min(initial_rows, max(self.capacity_rows, 1))
+        self.fixed = preallocate
+        self._rows = self._alloc(rows)
         self._slot: dict[int, int] = {}
         self._free: list[int] = []
         self._used = 0  # slots handed out so far (high-water mark)
+        self.slot_ids = np.full(rows, _NO_ID, dtype=np.int64)  # slot -> id
+        self.last_seen = np.zeros(rows, dtype=np.int64)
+        self.freq = np.zeros(rows, dtype=np.int64)
+        self.dirty = np.zeros(rows, dtype=bool)
+
+    def _alloc(self, rows: int) -> torch.Tensor:
+        tensor = torch.zeros((rows, self.width), dtype=torch.float32, device=self.device)
+        return tensor.pin_memory() if self.pin else tensor
 
     @property
     def row_bytes(self) -> int:
-        return self.width * 4 + _ID_OVERHEAD_BYTES
+        """Budgeted bytes per row: the row, its id and slot in the map, and the bookkeeping."""
+        return self.width * 4 + _ID_OVERHEAD_BYTES + 8 + 8 + 1
+
+    @property
+    def capacity_rows(self) -> int:
+        return self.capacity_bytes // self.row_bytes
+
+    @property
+    def free_rows(self) -> int:
+        return self.capacity_rows - len(self._slot)
 
     def __len__(self) -> int:
         return len(self._slot)
@@ -38,43 +72,58 @@ class RamTier:
     def bytes_used(self) -> int:
         return len(self._slot) * self.row_bytes
 
-    def _slots(self, ids: np.ndarray) -> np.ndarray:
+    def slots(self, ids: np.ndarray) -> np.ndarray:
         keys = ids.tolist()
         return np.fromiter(map(self._slot.get, keys, repeat(-1)), dtype=np.int64, count=len(keys))
 
+    def contains(self, ids: np.ndarray) -> np.ndarray:
+        return self.slots(ids) >= 0
+
     def read(self, ids: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
-        slots = self._slots(ids)
+        slots = self.slots(ids)
         found = slots >= 0
-        rows = torch.zeros((len(ids), self.width), dtype=torch.float32)
+        rows = torch.zeros((len(ids), self.width), dtype=torch.float32, device=self.device)
         if found.any():
-            hit = torch.from_numpy(np.nonzero(found)[0])
-            rows[hit] = self._rows[torch.from_numpy(slots[found])]
+            hit = torch.from_numpy(np.nonzero(found)[0]).to(self.device)
+            rows[hit] = self._rows[torch.from_numpy(slots[found]).to(self.device)]
         return rows, found
 
-    def write(self, ids: np.ndarray, rows: torch.Tensor) -> None:
+    def write(self, ids: np.ndarray, rows: torch.Tensor, step: int = 0, dirty: bool = True) -> None:
         if rows.shape != (len(ids), self.width):
             raise StoreError(f"RamTier.write: rows shape {tuple(rows.shape)}, expected ({len(ids)}, {self.width})")
-        slots = self._slots(ids)
+        slots = self.slots(ids)
         new = np.nonzero(slots < 0)[0]
         if len(new):
-            needed = (len(self._slot) + len(new)) * self.row_bytes
-            if needed > self.capacity_bytes:
+            if len(self._slot) + len(new) > self.capacity_rows:
                 raise StoreError(
-                    f"RamTier: {len(self._slot) + len(new)} rows need {needed} bytes, over the "
-                    f"budget of {self.capacity_bytes}; raise store.ram_bytes"
+                    f"RamTier ({self.device}): {len(self._slot) + len(new)} rows need "
+                    f"{(len(self._slot) + len(new)) * self.row_bytes} bytes, over the budget of "
+                    f"{self.capacity_bytes}; raise the tier's budget (e.g. trainer.ram_bytes) or use the hierarchy"
                 )
             slots[new] = self._allocate(len(new))
             self._slot.update(zip(ids[new].tolist(), slots[new].tolist()))
-        self._rows[torch.from_numpy(slots)] = rows.to(torch.float32)
+            self.slot_ids[slots[new]] = ids[new]
+            self.freq[slots[new]] = 0
+        self._rows[torch.from_numpy(slots).to(self.device)] = rows.to(self.device, torch.float32)
+        self.last_seen[slots] = np.maximum(self.last_seen[slots], step)
+        self.freq[slots] += 1
+        self.dirty[slots] = dirty
 
     def _allocate(self, n: int) -> np.ndarray:
         reuse = [self._free.pop() for _ in range(min(n, len(self._free)))]
         fresh = n - len(reuse)
         if self._used + fresh > self._rows.shape[0]:
-            grown = max(self._rows.shape[0] * 2, self._used + fresh)
-            rows = torch.zeros((grown, self.width), dtype=torch.float32)
+            if self.fixed:
+                raise StoreError(f"RamTier ({self.device}): preallocated rows exhausted")
+            grown = min(max(self._rows.shape[0] * 2, self._used + fresh), max(self.capacity_rows, self._used + fresh))
+            rows = self._alloc(grown)
             rows[: self._used] = self._rows[: self._used]
             self._rows = rows
+            for name in ("slot_ids", "last_seen", "freq", "dirty"):
+                old = getattr(self, name)
+                new_arr = np.full(grown, _NO_ID, dtype=old.dtype) if name == "slot_ids" else np.zeros(grown, old.dtype)
+                new_arr[: len(old)] = old
+                setattr(self, name, new_arr)
         out = np.concatenate([np.asarray(reuse, dtype=np.int64), np.arange(self._used, self._used + fresh)])
         self._used += fresh
         return out
@@ -85,8 +134,41 @@ class RamTier:
             slot = self._slot.pop(key, None)
             if slot is not None:
                 self._free.append(slot)
+                self.slot_ids[slot] = _NO_ID
                 removed += 1
         return removed
 
     def all_ids(self) -> np.ndarray:
         return np.fromiter(self._slot.keys(), dtype=np.int64, count=len(self._slot))
+
+    def resident(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, slots) of every row held, vectorized from the slot arrays."""
+        slots = np.nonzero(self.slot_ids[: self._used] != _NO_ID)[0]
+        return self.slot_ids[slots], slots
+
+    def victims(self, count: int, policy: str, keep: np.ndarray) -> np.ndarray:
+        """Up to `count` ids to evict: least recently (lru) or least frequently (lfu) used, never those in `keep`."""
+        ids, slots = self.resident()
+        allowed = ~np.isin(ids, keep)
+        ids, slots = ids[allowed], slots[allowed]
+        if count <= 0 or not len(ids):
+            return np.zeros(0, dtype=np.int64)
+        if policy == "lru":
+            score = self.last_seen[slots]
+        elif policy == "lfu":
+            score = self.freq[slots] * (1 << 32) + self.last_seen[slots]  # ties: least recent
+        else:
+            raise StoreError(f"eviction policy {policy!r}; use 'lru' or 'lfu'")
+        count = min(count, len(ids))
+        pick = np.argpartition(score, count - 1)[:count] if count < len(ids) else np.arange(len(ids))
+        return ids[pick]
+
+    def meta(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(last_seen, freq, dirty) of held ids."""
+        slots = self.slots(ids)
+        return self.last_seen[slots], self.freq[slots], self.dirty[slots]
+
+    def set_meta(self, ids: np.ndarray, last_seen: np.ndarray, freq: np.ndarray) -> None:
+        slots = self.slots(ids)
+        self.last_seen[slots] = last_seen
+        self.freq[slots] = freq

@@ -27,6 +27,7 @@ class TableConfig:
     beta1: float = 0.9  # sparse Adam first-moment decay
     beta2: float = 0.999  # sparse Adam second-moment decay
     eps: float = 1e-8  # sparse Adam denominator epsilon
+    min_count: int = 1  # an id gets its own row after this many batches; before, a shared zero row, untrained
 
 
 @dataclass(frozen=True, eq=False)
@@ -37,6 +38,8 @@ class Lookup:
     inverse: torch.Tensor
     vectors: torch.Tensor
     rows: torch.Tensor  # full rows (u, 3 * dim), kept for the update
+    admitted: np.ndarray  # bool (u,): False for ids still below min_count (shared zero row, not trained)
+    found: np.ndarray  # bool (u,): the row already existed in the store
 
 
 def sparse_adam(rows: torch.Tensor, grad: torch.Tensor, step: int, cfg: TableConfig) -> torch.Tensor:
@@ -57,6 +60,8 @@ class EmbeddingTable:
             raise StoreError(f"EmbeddingTable: tier width {tier.width} != 3 * dim ({3 * config.dim})")
         self.tier = tier
         self.config = config
+        self.pending: dict[int, int] = {}  # ids below min_count -> batches seen so far
+        self.admissions = 0
 
     @property
     def dim(self) -> int:
@@ -71,16 +76,37 @@ class EmbeddingTable:
         """ids int64 of any shape -> Lookup; unseen ids get their deterministic initial row."""
         unique, inverse = np.unique(ids.reshape(-1), return_inverse=True)
         rows, found = self.tier.read(unique)
-        missing = ~found
-        if missing.any():
-            rows[torch.from_numpy(np.nonzero(missing)[0])] = self.fresh_rows(unique[missing])
+        rows = rows.cpu()
+        admitted = found.copy()
+        missing = np.nonzero(~found)[0]
+        if len(missing) and self.config.min_count > 1:
+            keys = unique[missing].tolist()
+            counts = np.fromiter((self.pending.get(k, 0) + 1 for k in keys), dtype=np.int64, count=len(keys))
+            admitted[missing] = counts >= self.config.min_count
+        elif len(missing):
+            admitted[missing] = True
+        fresh = np.nonzero(~found & admitted)[0]
+        if len(fresh):
+            rows[torch.from_numpy(fresh)] = self.fresh_rows(unique[fresh])
         rows = rows.to(device)
-        return Lookup(unique, torch.from_numpy(inverse).to(device), rows[:, : self.dim], rows)
+        return Lookup(unique, torch.from_numpy(inverse).to(device), rows[:, : self.dim], rows, admitted, found)
 
     def update(self, lookup: Lookup, grad: torch.Tensor, step: int) -> None:
-        """Apply sparse Adam with grad (u, dim) for lookup.unique_ids and write the rows back."""
-        new_rows = sparse_adam(lookup.rows, grad, step, self.config)
-        self.tier.write(lookup.unique_ids, new_rows.detach().cpu())
+        """Apply sparse Adam with grad (u, dim) to the admitted rows and write them back."""
+        new_rows = sparse_adam(lookup.rows, grad, step, self.config).detach()
+        keep = lookup.admitted
+        if not keep.all():
+            mask = torch.from_numpy(keep).to(new_rows.device)
+            new_rows = new_rows[mask]
+        ids = lookup.unique_ids[keep]
+        if self.config.min_count > 1:  # count this sighting of ids still waiting; admit the ones that made it
+            new = ~lookup.found
+            for key in lookup.unique_ids[new & ~keep].tolist():
+                self.pending[key] = self.pending.get(key, 0) + 1
+            for key in lookup.unique_ids[new & keep].tolist():
+                self.pending.pop(key, None)
+            self.admissions += int((new & keep).sum())
+        self.tier.write(ids, new_rows, step=step)
 
     def export(self) -> tuple[np.ndarray, torch.Tensor]:
         """Every row: ids int64 (n,) sorted, rows float32 (n, 3*dim)."""
@@ -95,4 +121,11 @@ class EmbeddingTable:
         return len(self.tier)
 
     def stats(self) -> dict[str, float]:
-        return {"rows": float(len(self.tier)), "bytes_used": float(self.tier.bytes_used())}
+        stats = {
+            "rows": float(len(self.tier)),
+            "bytes_used": float(self.tier.bytes_used()),
+            "admissions": float(self.admissions),
+            "pending_admission": float(len(self.pending)),
+        }
+        tier_stats = getattr(self.tier, "stats", None)
+        return {**stats, **(tier_stats() if tier_stats else {})}

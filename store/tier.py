@@ -22,8 +22,9 @@ class Tier(Protocol):
         """ids int64 (n,) -> rows float32 (n, width) (zeros where absent), found bool (n,)."""
         ...
 
-    def write(self, ids: np.ndarray, rows: torch.Tensor) -> None:
-        """Insert or overwrite rows; ids int64 (n,) must be unique, rows float32 (n, width)."""
+    def write(self, ids: np.ndarray, rows: torch.Tensor, step: int = 0) -> None:
+        """Insert or overwrite rows; ids int64 (n,) must be unique, rows float32 (n, width);
+        `step` is the training step, for the eviction and expiry policies."""
         ...
 
     def remove(self, ids: np.ndarray) -> int:

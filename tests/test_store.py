@@ -5,8 +5,10 @@ import pytest
 import torch
 
 from store.errors import StoreError
+from store.hierarchy import HierarchyConfig, TieredStore
 from store.init import initial_vectors
 from store.ram import RamTier
+from store.rocks import RocksTier
 from store.table import EmbeddingTable, TableConfig
 from store.tier import Tier
 
@@ -17,12 +19,29 @@ def ram_tier(capacity_bytes: int = 1 << 24) -> RamTier:
     return RamTier(WIDTH, capacity_bytes, initial_rows=4)
 
 
-TIERS = {"ram": ram_tier}  # every Tier implementation joins this contract suite
+def tiny_hierarchy(path, width: int = WIDTH, device_rows: int = 16, ram_rows: int = 32, **kw) -> TieredStore:
+    row = RamTier(width, 1).row_bytes
+    return TieredStore(
+        width,
+        HierarchyConfig(
+            device_bytes=device_rows * row, ram_bytes=ram_rows * row, disk_bytes=1 << 30, path=str(path), **kw
+        ),
+    )
+
+
+# every Tier implementation joins this contract suite
+TIERS = {
+    "ram": lambda tmp: ram_tier(),
+    "device": lambda tmp: RamTier(WIDTH, 200 * RamTier(WIDTH, 1).row_bytes, preallocate=True),
+    "rocksdb": lambda tmp: RocksTier(tmp / "rocks", WIDTH, 1 << 30),
+    "hierarchy": lambda tmp: tiny_hierarchy(tmp / "tiered"),
+    "hierarchy-lfu": lambda tmp: tiny_hierarchy(tmp / "tiered", device_rows=12, ram_rows=8, policy="lfu"),
+}
 
 
 @pytest.fixture(params=sorted(TIERS))
-def tier(request) -> Tier:
-    return TIERS[request.param]()
+def tier(request, tmp_path) -> Tier:
+    return TIERS[request.param](tmp_path)
 
 
 def test_implements_interface(tier):

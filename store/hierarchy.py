@@ -1,0 +1,261 @@
+"""TieredStore: device -> host RAM -> RocksDB behind the one Tier interface.
+
+- device tier: a fixed tensor of rows on the trainer's device (HBM under CUDA, a CPU tensor
+  otherwise); every row a batch trains ends up here.
+- RAM tier: host memory (pinned under CUDA), exclusive with the device tier: a row's live state
+  is in exactly one of the two, never split.
+- RocksDB: every row that has left RAM, and every row at a checkpoint (write-back).
+
+Per batch, vectorized: `read` resolves each id to the highest tier holding it; `write` puts the
+updated rows on the device, evicting others (LRU or LFU) to RAM, and RAM victims to RocksDB when
+they are dirty. Rows unseen for `ttl_steps` are dropped from every tier. Everything is counted in
+`stats()`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from store.errors import StoreError
+from store.ram import RamTier
+from store.rocks import RocksTier
+
+
+@dataclass(frozen=True)
+class HierarchyConfig:
+    device_bytes: int  # budget of the device tier (HBM on CUDA); must hold one batch's unique rows
+    ram_bytes: int  # budget of the host RAM tier
+    disk_bytes: int  # budget of the RocksDB tier
+    path: str  # RocksDB directory (placement.py picks one per GPU on its NUMA node's storage)
+    device: str = "cpu"  # "cuda:0" puts the device tier in HBM
+    policy: str = "lru"  # eviction policy of the device and RAM tiers: "lru" or "lfu"
+    ttl_steps: int = 0  # drop rows unseen for this many steps; 0 = never
+    evict_slack: float = 0.05  # evict this fraction of a tier's capacity extra, to evict less often
+
+
+class TieredStore:
+    def __init__(self, width: int, config: HierarchyConfig) -> None:
+        if config.policy not in ("lru", "lfu"):
+            raise StoreError(f"hierarchy: policy={config.policy!r}; use 'lru' or 'lfu'")
+        self.width = width
+        self.config = config
+        self.capacity_bytes = config.disk_bytes
+        self.device = RamTier(width, config.device_bytes, device=config.device, preallocate=True)
+        self.ram = RamTier(width, config.ram_bytes, pin=config.device.startswith("cuda"))
+        self.rocks = RocksTier(config.path, width, config.disk_bytes)
+        self.step = 0
+        self.counters: Counter[str] = Counter()
+        if self.device.capacity_rows < 1 or self.ram.capacity_rows < 1:
+            raise StoreError(
+                f"hierarchy: device_bytes and ram_bytes must each hold at least one row ({self.device.row_bytes} bytes)"
+            )
+
+    # --- the Tier interface -------------------------------------------------------------
+    def read(self, ids: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+        rows = torch.zeros((len(ids), self.width), dtype=torch.float32, device=self.device.device)
+        d_rows, d_found = self.device.read(ids)
+        rows[torch.from_numpy(d_found).to(rows.device)] = d_rows[torch.from_numpy(d_found).to(rows.device)]
+        found = d_found.copy()
+        rest = np.nonzero(~found)[0]
+        r_rows, r_found = self.ram.read(ids[rest])
+        take = rest[r_found]
+        rows[torch.from_numpy(take).to(rows.device)] = r_rows[torch.from_numpy(r_found)].to(rows.device)
+        found[take] = True
+        rest = rest[~r_found]
+        c_rows, c_found = self.rocks.read(ids[rest])
+        take = rest[c_found]
+        rows[torch.from_numpy(take).to(rows.device)] = c_rows[torch.from_numpy(c_found)].to(rows.device)
+        found[take] = True
+        self.counters.update(
+            {
+                "device_hits": int(d_found.sum()),
+                "ram_hits": int(r_found.sum()),
+                "rocksdb_hits": int(c_found.sum()),
+                "misses": int((~found).sum()),
+            }
+        )
+        return rows, found
+
+    def write(self, ids: np.ndarray, rows: torch.Tensor, step: int = 0) -> None:
+        """Put rows (for unique ids) on the device tier, making room by eviction."""
+        self.step = max(self.step, step)
+        if len(ids) > self.device.capacity_rows:
+            raise StoreError(
+                f"hierarchy: a batch touches {len(ids)} rows but the device tier holds "
+                f"{self.device.capacity_rows}; raise store.device_bytes"
+            )
+        incoming = ~self.device.contains(ids)
+        need = int(incoming.sum()) - self.device.free_rows
+        if need > 0:
+            self._evict_device(need + int(self.config.evict_slack * self.device.capacity_rows), keep=ids)
+        new_ids = ids[incoming]
+        # carry the bookkeeping of rows coming up from RAM or RocksDB
+        freq = np.zeros(len(new_ids), dtype=np.int64)
+        in_ram = self.ram.contains(new_ids)
+        if in_ram.any():
+            freq[in_ram] = self.ram.meta(new_ids[in_ram])[1]
+            self.ram.remove(new_ids[in_ram])
+        self.counters["promotions"] += int(incoming.sum())
+        self.device.write(ids, rows, step=self.step)
+        if len(new_ids):
+            _, dfreq = self.device.meta(new_ids)[:2]
+            self.device.set_meta(new_ids, np.full(len(new_ids), self.step), dfreq + freq)
+        if self.config.ttl_steps:
+            self.expire()
+
+    def remove(self, ids: np.ndarray) -> int:
+        present = self.device.contains(ids) | self.ram.contains(ids) | self.rocks.read(ids)[1]
+        self.device.remove(ids)
+        self.ram.remove(ids)
+        self.rocks.remove(ids)
+        return int(present.sum())
+
+    def all_ids(self) -> np.ndarray:
+        return np.unique(np.concatenate([self.device.all_ids(), self.ram.all_ids(), self.rocks.all_ids()]))
+
+    def __len__(self) -> int:
+        return len(self.all_ids())
+
+    def bytes_used(self) -> int:
+        return self.device.bytes_used() + self.ram.bytes_used() + self.rocks.bytes_used()
+
+    # --- movement between tiers ---------------------------------------------------------
+    def _evict_device(self, count: int, keep: np.ndarray) -> None:
+        victims = self.device.victims(count, self.config.policy, keep)
+        if not len(victims):
+            return
+        rows, _ = self.device.read(victims)
+        last_seen, freq, _ = self.device.meta(victims)
+        need = len(victims) - self.ram.free_rows
+        if need > 0:
+            self._evict_ram(need + int(self.config.evict_slack * self.ram.capacity_rows))
+        take = min(len(victims), self.ram.free_rows)
+        if take < len(victims):  # RAM smaller than the overflow: the rest goes straight down
+            self.rocks.write(victims[take:], rows[take:].cpu(), last_seen=last_seen[take:], freq=freq[take:])
+            self.counters["writebacks"] += len(victims) - take
+        self.ram.write(victims[:take], rows[:take].cpu(), dirty=True)
+        self.ram.set_meta(victims[:take], last_seen[:take], freq[:take])
+        self.device.remove(victims)
+        self.counters["device_evictions"] += len(victims)
+
+    def _evict_ram(self, count: int) -> None:
+        victims = self.ram.victims(count, self.config.policy, np.zeros(0, dtype=np.int64))
+        if not len(victims):
+            return
+        last_seen, freq, dirty = self.ram.meta(victims)
+        if dirty.any():
+            rows, _ = self.ram.read(victims[dirty])
+            self.rocks.write(victims[dirty], rows, last_seen=last_seen[dirty], freq=freq[dirty])
+            self.counters["writebacks"] += int(dirty.sum())
+        self.ram.remove(victims)
+        self.counters["ram_evictions"] += len(victims)
+
+    def expire(self) -> int:
+        """Drop rows unseen for ttl_steps from the device and RAM tiers (RocksDB at checkpoints)."""
+        horizon = self.step - self.config.ttl_steps
+        dropped = 0
+        for tier in (self.device, self.ram):
+            ids, slots = tier.resident()
+            old = ids[tier.last_seen[slots] < horizon]
+            if len(old):
+                tier.remove(old)
+                self.rocks.remove(old)
+                dropped += len(old)
+        self.counters["expired"] += dropped
+        return dropped
+
+    def _expire_cold(self) -> None:
+        if not self.config.ttl_steps:
+            return
+        ids = self.rocks.all_ids()
+        _, _, last_seen, _ = self.rocks.read_with_meta(ids)
+        old = ids[last_seen < self.step - self.config.ttl_steps]
+        old = old[~(self.device.contains(old) | self.ram.contains(old))]
+        self.rocks.remove(old)
+        self.counters["expired"] += len(old)
+
+    # --- persistence ------------------------------------------------------------------
+    def flush(self) -> None:
+        """Write every device row and every dirty RAM row down to RocksDB (they stay cached)."""
+        for tier in (self.device, self.ram):
+            ids, slots = tier.resident()
+            if tier is self.ram:
+                keep = tier.dirty[slots]
+                ids, slots = ids[keep], slots[keep]
+            if len(ids):
+                rows, _ = tier.read(ids)
+                self.rocks.write(ids, rows.cpu(), last_seen=tier.last_seen[slots], freq=tier.freq[slots])
+                tier.dirty[slots] = False
+
+    def checkpoint(self, path: str | Path, extra: dict[str, object] | None = None) -> Path:
+        """Flush, then a consistent RocksDB checkpoint + manifest at `path`. The folder appears
+        complete or not at all (built under a temporary name, then renamed)."""
+        self._expire_cold()
+        self.flush()
+        path = Path(path)
+        tmp = path.with_name(path.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.rocks.checkpoint(tmp / "rocksdb")
+        manifest = {
+            "width": self.width,
+            "step": self.step,
+            "rows": len(self.rocks),
+            "config": asdict(self.config),
+            "counters": dict(self.counters),
+            **(extra or {}),
+        }
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+        fd = os.open(tmp, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def restore(cls, checkpoint: str | Path, config: HierarchyConfig) -> TieredStore:
+        """A store whose RocksDB is a copy of the checkpoint's (at config.path) and whose caches are empty."""
+        checkpoint = Path(checkpoint)
+        manifest_file = checkpoint / "manifest.json"
+        if not manifest_file.is_file():
+            raise StoreError(f"restore: {checkpoint} has no manifest.json; it is not a complete checkpoint")
+        manifest = json.loads(manifest_file.read_text())
+        shutil.rmtree(config.path, ignore_errors=True)
+        shutil.copytree(checkpoint / "rocksdb", config.path)
+        store = cls(int(manifest["width"]), config)
+        store.step = int(manifest["step"])
+        return store
+
+    def close(self) -> None:
+        self.rocks.close()
+
+    def stats(self) -> dict[str, float]:
+        c = self.counters
+        lookups = max(c["device_hits"] + c["ram_hits"] + c["rocksdb_hits"] + c["misses"], 1)
+        return {
+            "hit_rate_device": c["device_hits"] / lookups,
+            "hit_rate_ram": c["ram_hits"] / lookups,
+            "hit_rate_rocksdb": c["rocksdb_hits"] / lookups,
+            "miss_rate": c["misses"] / lookups,
+            "promotions": float(c["promotions"]),
+            "device_evictions": float(c["device_evictions"]),
+            "ram_evictions": float(c["ram_evictions"]),
+            "writebacks": float(c["writebacks"]),
+            "expired": float(c["expired"]),
+            "rows_device": float(len(self.device)),
+            "rows_ram": float(len(self.ram)),
+            "rows_rocksdb": float(len(self.rocks)),
+            "bytes_device": float(self.device.bytes_used()),
+            "bytes_ram": float(self.ram.bytes_used()),
+            "bytes_rocksdb": float(self.rocks.bytes_used()),
+        }

@@ -1,0 +1,123 @@
+"""RocksTier: every row in RocksDB (rocksdict, raw mode), read and written in batches.
+
+Key: the id as 8 big-endian bytes. Value: the row's float32 values, then its bookkeeping
+(last_seen int64, freq int64), so a row's state and its policy data travel together.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from store.errors import StoreError
+
+_META_BYTES = 16
+
+
+def _keys(ids: np.ndarray) -> list[bytes]:
+    buf = ids.astype(">i8").tobytes()
+    return [buf[i : i + 8] for i in range(0, len(buf), 8)]
+
+
+class RocksTier:
+    def __init__(self, path: str | Path, width: int, capacity_bytes: int) -> None:
+        from rocksdict import Options, Rdict
+
+        if capacity_bytes <= 0:
+            raise StoreError(f"RocksTier: capacity_bytes={capacity_bytes}; set a positive disk budget in bytes")
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.width = width
+        self.capacity_bytes = capacity_bytes
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        self.db = Rdict(str(self.path), options=options)
+        self._count = sum(1 for _ in self.db.keys())
+
+    @property
+    def row_bytes(self) -> int:
+        return self.width * 4 + _META_BYTES + 8
+
+    def __len__(self) -> int:
+        return self._count
+
+    def bytes_used(self) -> int:
+        return self._count * self.row_bytes
+
+    def _get(self, ids: np.ndarray) -> list[bytes | None]:
+        return self.db.get(_keys(ids)) if len(ids) else []
+
+    def read_with_meta(self, ids: np.ndarray) -> tuple[torch.Tensor, np.ndarray, np.ndarray, np.ndarray]:
+        """rows (n, width), found (n,), last_seen (n,), freq (n,)."""
+        values = self._get(ids)
+        found = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
+        rows = np.zeros((len(ids), self.width), dtype=np.float32)
+        meta = np.zeros((len(ids), 2), dtype=np.int64)
+        if found.any():
+            raw = np.frombuffer(b"".join(v for v in values if v is not None), dtype=np.uint8)
+            raw = raw.reshape(int(found.sum()), self.width * 4 + _META_BYTES)
+            rows[found] = raw[:, : self.width * 4].copy().view(np.float32)
+            meta[found] = raw[:, self.width * 4 :].copy().view(np.int64)
+        return torch.from_numpy(rows), found, meta[:, 0], meta[:, 1]
+
+    def read(self, ids: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+        rows, found, _, _ = self.read_with_meta(ids)
+        return rows, found
+
+    def write(
+        self,
+        ids: np.ndarray,
+        rows: torch.Tensor,
+        step: int = 0,
+        last_seen: np.ndarray | None = None,
+        freq: np.ndarray | None = None,
+    ) -> None:
+        from rocksdict import WriteBatch
+
+        if rows.shape != (len(ids), self.width):
+            raise StoreError(f"RocksTier.write: rows shape {tuple(rows.shape)}, expected ({len(ids)}, {self.width})")
+        existing = self._get(ids)
+        new = sum(v is None for v in existing)
+        if (self._count + new) * self.row_bytes > self.capacity_bytes:
+            raise StoreError(
+                f"RocksTier at {self.path}: {self._count + new} rows exceed the disk budget of "
+                f"{self.capacity_bytes} bytes; raise store.disk_bytes"
+            )
+        meta = np.zeros((len(ids), 2), dtype=np.int64)
+        meta[:, 0] = step if last_seen is None else last_seen
+        meta[:, 1] = 1 if freq is None else freq
+        payload = np.concatenate(
+            [rows.detach().cpu().numpy().astype(np.float32).view(np.uint8), meta.view(np.uint8)], axis=1
+        )
+        batch = WriteBatch(raw_mode=True)
+        for key, value in zip(_keys(ids), payload, strict=True):
+            batch.put(key, value.tobytes())
+        self.db.write(batch)
+        self._count += new
+
+    def remove(self, ids: np.ndarray) -> int:
+        from rocksdict import WriteBatch
+
+        present = [k for k, v in zip(_keys(ids), self._get(ids), strict=True) if v is not None]
+        batch = WriteBatch(raw_mode=True)
+        for key in present:
+            batch.delete(key)
+        self.db.write(batch)
+        self._count -= len(present)
+        return len(present)
+
+    def all_ids(self) -> np.ndarray:
+        keys = b"".join(self.db.keys())
+        return np.frombuffer(keys, dtype=">i8").astype(np.int64)
+
+    def checkpoint(self, path: str | Path) -> None:
+        """A consistent on-disk copy (hard links where possible) of the database at `path`."""
+        from rocksdict import Checkpoint
+
+        self.db.flush()
+        Checkpoint(self.db).create_checkpoint(str(path))
+
+    def close(self) -> None:
+        self.db.close()

@@ -1,0 +1,196 @@
+"""The device -> RAM -> RocksDB hierarchy: eviction, write-back, expiry, admission, checkpoints,
+and the equivalence of a model trained through tiny budgets with one trained on one unbounded tier."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from store.errors import StoreError
+from store.hierarchy import HierarchyConfig, TieredStore
+from store.ram import RamTier
+from store.table import EmbeddingTable, TableConfig
+from tests.test_store import tiny_hierarchy
+from trainer.batch import Batch
+from trainer.model import DeepFM, ModelConfig
+from trainer.step import train_step
+
+
+def test_eviction_never_loses_a_dirty_row(tmp_path):
+    store = tiny_hierarchy(tmp_path / "h", device_rows=8, ram_rows=8)
+    rng = np.random.default_rng(0)
+    truth: dict[int, np.ndarray] = {}
+    for step in range(1, 60):
+        ids = np.unique(rng.integers(0, 100, size=6)).astype(np.int64)
+        rows = torch.from_numpy(rng.normal(size=(len(ids), 6)).astype(np.float32))
+        store.write(ids, rows, step=step)
+        truth.update({int(i): r.numpy() for i, r in zip(ids, rows)})
+    keys = np.array(sorted(truth), dtype=np.int64)
+    rows, found = store.read(keys)
+    assert found.all()
+    np.testing.assert_array_equal(rows.numpy(), np.stack([truth[int(k)] for k in keys]))
+    stats = store.stats()
+    assert stats["device_evictions"] > 0 and stats["ram_evictions"] > 0 and stats["writebacks"] > 0
+    assert stats["rows_device"] <= 8 and stats["rows_ram"] <= 8
+    assert set(store.all_ids().tolist()) == set(truth)
+    # a row lives in the device tier or the RAM tier, never both
+    assert not (set(store.device.all_ids().tolist()) & set(store.ram.all_ids().tolist()))
+
+
+def test_lru_and_lfu_pick_different_victims():
+    tier = RamTier(2, 10 * RamTier(2, 1).row_bytes, preallocate=True)
+    tier.write(np.array([1, 2, 3]), torch.zeros(3, 2), step=1)
+    for _ in range(3):
+        tier.write(np.array([1]), torch.zeros(1, 2), step=2)  # 1 is frequent but not recent
+    tier.write(np.array([2, 3]), torch.zeros(2, 2), step=5)
+    assert tier.victims(1, "lru", keep=np.array([], dtype=np.int64)).tolist() == [1]
+    assert tier.victims(1, "lfu", keep=np.array([], dtype=np.int64)).tolist() in ([2], [3])
+    assert tier.victims(3, "lru", keep=np.array([1])).tolist() not in ([1],)
+
+
+def test_ttl_drops_rows_from_every_tier(tmp_path):
+    store = tiny_hierarchy(tmp_path / "h", device_rows=4, ram_rows=4, ttl_steps=3)
+    store.write(np.array([7], dtype=np.int64), torch.ones(1, 6), step=1)
+    for step in range(2, 12):
+        store.write(np.array([100 + step], dtype=np.int64), torch.ones(1, 6), step=step)
+    assert 7 not in store.all_ids().tolist()
+    assert store.stats()["expired"] >= 1
+    store.checkpoint(tmp_path / "ck")  # the cold tier is swept at checkpoints
+    assert all(i >= 100 + 12 - 4 for i in store.rocks.all_ids().tolist())
+
+
+def test_a_batch_larger_than_the_device_tier_is_a_clear_error(tmp_path):
+    store = tiny_hierarchy(tmp_path / "h", device_rows=4)
+    with pytest.raises(StoreError, match="device_bytes"):
+        store.write(np.arange(5, dtype=np.int64), torch.zeros(5, 6))
+
+
+def test_checkpoint_restore_round_trip(tmp_path):
+    store = tiny_hierarchy(tmp_path / "h", device_rows=4, ram_rows=4)
+    ids = np.arange(20, dtype=np.int64)
+    for chunk in np.array_split(ids, 5):
+        store.write(chunk, torch.from_numpy(np.repeat(chunk[:, None], 6, 1).astype(np.float32)), step=3)
+    store.checkpoint(tmp_path / "ck")
+    store.write(np.array([0, 99], dtype=np.int64), torch.full((2, 6), -1.0), step=4)  # after the checkpoint
+    config = store.config
+    store.close()
+    restored = TieredStore.restore(tmp_path / "ck", config)
+    rows, found = restored.read(np.array([0, 5, 19, 99], dtype=np.int64))
+    assert found.tolist() == [True, True, True, False]
+    assert rows[:3, 0].tolist() == [0.0, 5.0, 19.0] and restored.step == 3
+    with pytest.raises(StoreError, match="not a complete checkpoint"):
+        TieredStore.restore(tmp_path / "nothing", config)
+
+
+def test_admission_needs_min_count_sightings():
+    table = EmbeddingTable(RamTier(3 * 2, 1 << 20), TableConfig(dim=2, min_count=2))
+    ids = np.array([5, 6], dtype=np.int64)
+    first = table.lookup(ids)
+    assert not first.admitted.any() and first.vectors.abs().sum() == 0  # the shared zero row
+    table.update(first, torch.ones(2, 2), step=1)
+    assert len(table) == 0 and table.stats()["pending_admission"] == 2
+    second = table.lookup(np.array([5], dtype=np.int64))
+    assert second.admitted.all()
+    table.update(second, torch.ones(1, 2), step=2)
+    assert table.tier.all_ids().tolist() == [5] and table.stats()["admissions"] == 1
+
+
+def _batches(n_batches: int, seed: int = 0) -> list[Batch]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n_batches):
+        ids = (rng.zipf(1.3, size=(32, 5)) % 400 + (np.arange(5) << 33)[None, :]).astype(np.int64)
+        out.append(
+            Batch(
+                torch.from_numpy(rng.integers(0, 2, 32).astype(np.float32)),
+                torch.from_numpy(rng.normal(size=(32, 3)).astype(np.float32)),
+                ids,
+            )
+        )
+    return out
+
+
+def _train(tier, batches):
+    config = ModelConfig(num_fields=5, num_dense=3, embed_dim=3, hidden=(8,), seed=1)
+    table = EmbeddingTable(tier, TableConfig(dim=config.row_dim, seed=2, lr=0.05))
+    model = DeepFM(config)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    for step, batch in enumerate(batches, start=1):
+        train_step(model, opt, table, batch, step)
+    return model, table
+
+
+def test_tiny_budgets_train_the_same_model_as_one_unbounded_tier(tmp_path):
+    batches = _batches(40)
+    reference_model, reference = _train(RamTier(12, 1 << 26), batches)
+    tiered_model, tiered = _train(tiny_hierarchy(tmp_path / "h", width=12, device_rows=160, ram_rows=40), batches)
+    assert tiered.tier.stats()["device_evictions"] > 0 and tiered.tier.stats()["writebacks"] > 0
+    ids, rows = reference.export()
+    tiered_ids, tiered_rows = tiered.export()
+    np.testing.assert_array_equal(ids, tiered_ids)
+    torch.testing.assert_close(tiered_rows, rows, rtol=1e-5, atol=1e-6)
+    for a, b in zip(reference_model.parameters(), tiered_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+CHILD = """
+import sys, numpy as np, torch
+sys.path.insert(0, {root!r})
+from tests.test_hierarchy import _batches
+from tests.test_store import tiny_hierarchy
+from store.table import EmbeddingTable, TableConfig
+store = tiny_hierarchy({path!r}, width=12, device_rows=160, ram_rows=40)
+table = EmbeddingTable(store, TableConfig(dim=4, seed=2, lr=0.05))
+rng = np.random.default_rng(1)
+for step, batch in enumerate(_batches(100000), start=1):
+    lookup = table.lookup(batch.ids)
+    table.update(lookup, torch.from_numpy(rng.normal(size=tuple(lookup.vectors.shape)).astype(np.float32)), step)
+    if step % 5 == 0:
+        store.checkpoint({ck!r} + f"/step-{{step:06d}}", extra={{"step": step}})
+"""
+
+
+def _replay_to(step: int, path) -> dict[int, np.ndarray]:
+    store = tiny_hierarchy(path, width=12, device_rows=160, ram_rows=40)
+    table = EmbeddingTable(store, TableConfig(dim=4, seed=2, lr=0.05))
+    rng = np.random.default_rng(1)
+    for s, batch in enumerate(_batches(step), start=1):
+        lookup = table.lookup(batch.ids)
+        table.update(lookup, torch.from_numpy(rng.normal(size=tuple(lookup.vectors.shape)).astype(np.float32)), s)
+    ids, rows = table.export()
+    return dict(zip(ids.tolist(), rows.numpy()))
+
+
+def test_sigkill_mid_training_reopens_at_the_last_checkpoint(tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ck = tmp_path / "checkpoints"
+    ck.mkdir()
+    code = CHILD.format(root=root, path=str(tmp_path / "live"), ck=str(ck))
+    child = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len([p for p in ck.iterdir() if not p.name.endswith(".partial")]) < 3:
+        time.sleep(0.05)
+    time.sleep(np.random.default_rng().uniform(0, 0.5))  # somewhere in the middle of later steps
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    complete = sorted(p for p in ck.iterdir() if not p.name.endswith(".partial") and (p / "manifest.json").is_file())
+    assert len(complete) >= 3
+    last = complete[-1]
+    step = int(last.name.split("-")[1])
+    row = RamTier(12, 1).row_bytes
+    config = HierarchyConfig(
+        device_bytes=160 * row, ram_bytes=40 * row, disk_bytes=1 << 30, path=str(tmp_path / "reopened")
+    )
+    restored = TieredStore.restore(last, config)
+    assert restored.step == step
+    expected = _replay_to(step, tmp_path / "replay")
+    ids = np.array(sorted(expected), dtype=np.int64)
+    assert sorted(restored.all_ids().tolist()) == ids.tolist()
+    rows, found = restored.read(ids)
+    assert found.all()
+    np.testing.assert_array_equal(rows.numpy(), np.stack([expected[i] for i in ids.tolist()]))
