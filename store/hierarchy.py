@@ -111,6 +111,11 @@ class TieredStore:
         if self.config.ttl_steps:
             self.expire()
 
+    def load_rows(self, ids: np.ndarray, rows: torch.Tensor) -> None:
+        """Bulk load into RocksDB (rows come up to the device tier when a batch touches them)."""
+        for start in range(0, len(ids), 65536):
+            self.rocks.write(ids[start : start + 65536], rows[start : start + 65536], step=self.step)
+
     def remove(self, ids: np.ndarray) -> int:
         present = self.device.contains(ids) | self.ram.contains(ids) | self.rocks.read(ids)[1]
         self.device.remove(ids)

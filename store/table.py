@@ -115,7 +115,12 @@ class EmbeddingTable:
         return ids, rows
 
     def load(self, ids: np.ndarray, rows: torch.Tensor) -> None:
-        self.tier.write(ids, rows)
+        """Bulk-load rows (a snapshot): straight into the cold tier when the store has one."""
+        bulk = getattr(self.tier, "load_rows", None)
+        if bulk is not None:
+            bulk(ids, rows)
+        else:
+            self.tier.write(ids, rows)
 
     def __len__(self) -> int:
         return len(self.tier)

@@ -194,3 +194,44 @@ def test_sigkill_mid_training_reopens_at_the_last_checkpoint(tmp_path):
     rows, found = restored.read(ids)
     assert found.all()
     np.testing.assert_array_equal(rows.numpy(), np.stack([expected[i] for i in ids.tolist()]))
+
+
+def test_trainer_on_the_hierarchy_snapshots_and_serves_the_same_predictions(schema, tmp_path):
+    from dataclasses import replace
+
+    from serving.loader import load_served_model
+    from serving.predict import predict_events
+    from stream.decode import event_from_mapping
+    from stream.featurize import featurize
+    from tests.conftest import criteo_event
+    from trainer.batch import batch_from_features
+    from trainer.loop import Trainer
+    from trainer.settings import TrainerSettings
+    from trainer.snapshot import load_snapshot
+    from trainer.step import predict
+
+    row = RamTier(3 * 5, 1).row_bytes
+    settings = replace(
+        TrainerSettings(embed_dim=4, hidden=(16,)),
+        store="tiered",
+        device_bytes=2500 * row,
+        ram_bytes=1500 * row,
+        disk_bytes=1 << 30,
+        store_path=str(tmp_path / "rocks"),
+    )
+    trainer = Trainer(schema, settings)
+    for s in range(6):
+        events = [event_from_mapping(criteo_event(s * 40 + i), schema) for i in range(40)]
+        trainer.learn(batch_from_features([featurize(events, schema)]))
+    assert isinstance(trainer.table.tier, TieredStore) and trainer.table.stats()["device_evictions"] > 0
+    path = trainer.save(tmp_path / "snap")
+    events = [event_from_mapping(criteo_event(i), schema) for i in range(60)]
+    batch = batch_from_features([featurize(events, schema)])
+    expected = predict(trainer.model, trainer.table, batch)
+    served = load_served_model(path, "1", schema)
+    np.testing.assert_allclose(predict_events(served, events, schema), expected, rtol=1e-5, atol=1e-6)
+    fresh = EmbeddingTable(
+        tiny_hierarchy(tmp_path / "other", width=15, device_rows=2500, ram_rows=1500), trainer.table_config
+    )
+    restored = load_snapshot(path, fresh)
+    np.testing.assert_allclose(predict(restored.model, fresh, batch), expected, rtol=1e-5, atol=1e-6)

@@ -14,11 +14,14 @@ from pathlib import Path
 import torch
 from prometheus_client import Counter, Gauge, start_http_server
 
+from store.hierarchy import HierarchyConfig, TieredStore
 from store.ram import RamTier
+from store.tier import Tier
 from store.table import EmbeddingTable, TableConfig
 from stream.schema import Schema
 from stream.settings import KafkaSettings
 from trainer.batch import Batch
+from trainer.errors import TrainerError
 from trainer.metrics import ProgressiveMetrics
 from trainer.model import DeepFM, ModelConfig
 from trainer.settings import MlflowSettings, TrainerSettings
@@ -30,6 +33,7 @@ STEPS = Counter("adstream_trainer_steps_total", "train steps")
 SAMPLES = Counter("adstream_trainer_samples_total", "events learned")
 AUC = Gauge("adstream_trainer_progressive_auc", "cumulative progressive AUC")
 WINDOW_AUC = Gauge("adstream_trainer_window_auc", "sliding-window progressive AUC")
+STORE = Gauge("adstream_trainer_store", "embedding store statistics (hit rates, evictions, bytes...)", ["stat"])
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,24 @@ class TrainSummary:
     samples_per_s: float
 
 
+def make_tier(settings: TrainerSettings, width: int) -> Tier:
+    """The embedding store the settings ask for."""
+    if settings.store == "ram":
+        return RamTier(width, settings.ram_bytes)
+    if settings.store == "tiered":
+        config = HierarchyConfig(
+            device_bytes=settings.device_bytes,
+            ram_bytes=settings.ram_bytes,
+            disk_bytes=settings.disk_bytes,
+            path=settings.store_path,
+            device=settings.device,
+            policy=settings.eviction,
+            ttl_steps=settings.ttl_steps,
+        )
+        return TieredStore(width, config)
+    raise TrainerError(f"trainer.store={settings.store!r}; use 'ram' or 'tiered'")
+
+
 class Trainer:
     """One trainer replica: dense DeepFM + Adam, embedding rows in the store, progressive metrics."""
 
@@ -57,10 +79,13 @@ class Trainer:
         self.model_config = ModelConfig(
             schema.num_sparse, schema.num_dense, settings.embed_dim, tuple(settings.hidden), settings.seed
         )
-        self.model = DeepFM(self.model_config)
+        self.device = torch.device(settings.device)
+        self.model = DeepFM(self.model_config).to(self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=settings.lr)
-        self.table_config = TableConfig(dim=self.model_config.row_dim, seed=settings.seed, lr=settings.sparse_lr)
-        self.table = EmbeddingTable(RamTier(3 * self.table_config.dim, settings.ram_bytes), self.table_config)
+        self.table_config = TableConfig(
+            dim=self.model_config.row_dim, seed=settings.seed, lr=settings.sparse_lr, min_count=settings.min_count
+        )
+        self.table = EmbeddingTable(make_tier(settings, 3 * self.table_config.dim), self.table_config)
         self.metrics = ProgressiveMetrics(window=settings.metrics_window)
         self.step = 0
         self.events = 0
@@ -70,7 +95,7 @@ class Trainer:
     def learn(self, batch: Batch) -> None:
         started = time.perf_counter()
         self.step += 1
-        result = train_step(self.model, self.optimizer, self.table, batch, self.step)
+        result = train_step(self.model, self.optimizer, self.table, batch.to(self.device), self.step)
         self.metrics.update(batch.labels.numpy(), result.probs)
         self.events += len(batch)
         self.offsets.update(batch.source_offsets)
@@ -148,7 +173,10 @@ def run_training(
                     AUC.set(summary["progressive_auc"])
                     WINDOW_AUC.set(summary["window_auc"])
                     rate = trainer.events / trainer.train_seconds
-                    publisher.log_metrics({**summary, "samples_per_s": rate}, trainer.step)
+                    store_stats = {f"store_{k}": v for k, v in trainer.table.stats().items()}
+                    for key, value in store_stats.items():
+                        STORE.labels(key).set(value)
+                    publisher.log_metrics({**summary, **store_stats, "samples_per_s": rate}, trainer.step)
                     bar.update(
                         task, info=f"step {trainer.step} events {trainer.events} auc {summary['progressive_auc']:.4f}"
                     )

@@ -14,7 +14,15 @@ class TrainerSettings:
     lr: float = 0.001  # Adam learning rate of the dense network
     sparse_lr: float = 0.01  # sparse Adam learning rate of the embedding rows
     seed: int = 0  # seeds the dense init and the embedding initializer
-    ram_bytes: int = 2 << 30  # budget of the in-memory embedding tier, bytes (required by the store)
+    device: str = "cpu"  # where the model and the device tier live: "cpu" or "cuda[:N]"
+    store: str = "ram"  # embedding store: "ram" (one in-memory tier) or "tiered" (device -> RAM -> RocksDB)
+    ram_bytes: int = 2 << 30  # budget of the in-memory (RAM) tier, bytes
+    device_bytes: int = 256 << 20  # budget of the device tier (store = "tiered"), bytes
+    disk_bytes: int = 64 << 30  # budget of the RocksDB tier (store = "tiered"), bytes
+    store_path: str = ".state/rocksdb/trainer"  # RocksDB directory (store = "tiered")
+    eviction: str = "lru"  # eviction policy of the device and RAM tiers: "lru" or "lfu"
+    ttl_steps: int = 0  # drop embedding rows unseen for this many steps; 0 = never
+    min_count: int = 1  # batches an id must appear in before it gets its own row
     snapshot_every_steps: int = 200  # take a snapshot after this many steps...
     snapshot_every_s: float = 60.0  # ...or this many seconds, whichever comes first
     snapshot_dir: str = ".state/snapshots"  # local folder for snapshots before upload
