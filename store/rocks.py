@@ -47,7 +47,7 @@ class RocksTier:
         return self._count * self.row_bytes
 
     def _get(self, ids: np.ndarray) -> list[bytes | None]:
-        return self.db.get(_keys(ids)) if len(ids) else []
+        return self.db.get(_keys(ids)) if len(ids) else []  # type: ignore[arg-type,return-value]
 
     def read_with_meta(self, ids: np.ndarray) -> tuple[torch.Tensor, np.ndarray, np.ndarray, np.ndarray]:
         """rows (n, width), found (n,), last_seen (n,), freq (n,)."""
@@ -109,7 +109,7 @@ class RocksTier:
         return len(present)
 
     def all_ids(self) -> np.ndarray:
-        keys = b"".join(self.db.keys())
+        keys = b"".join(self.db.keys())  # type: ignore[arg-type]
         return np.frombuffer(keys, dtype=">i8").astype(np.int64)
 
     def checkpoint(self, path: str | Path) -> None:

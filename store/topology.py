@@ -126,7 +126,7 @@ def parse_topo_matrix(text: str) -> Topology:
         gpus.append(Gpu(int(name[3:]), cpus, numa))
         numa_cpus.setdefault(numa, set()).update(cpus)
     nic_columns = [d for d in devices if d not in gpu_names]
-    rename = {col: legend.get(col, col) for col in nic_columns}
+    rename: dict[str, str] = {col: str(legend.get(col, col)) for col in nic_columns}
     named_links = {(rename.get(a, a), rename.get(b, b)): link for (a, b), link in links.items()}
     return Topology(
         tuple(gpus),

@@ -18,7 +18,17 @@ from adstream.config import Config, build_config
 from stream.schema import Schema, load_schema
 
 ROOT = Path(__file__).resolve().parent.parent
-CRITEO_DIR = Path(os.environ.get("ADSTREAM_CRITEO_DIR", ROOT.parent / "shared" / "data" / "criteo"))
+
+
+def shared_dir() -> Path:
+    """The read-only shared data: $ADSTREAM_SHARED, else ../shared beside the clone, else /work/shared."""
+    for candidate in (os.environ.get("ADSTREAM_SHARED"), ROOT.parent / "shared", "/work/shared"):
+        if candidate and Path(candidate).is_dir():
+            return Path(candidate)
+    return ROOT.parent / "shared"
+
+
+CRITEO_DIR = Path(os.environ.get("ADSTREAM_CRITEO_DIR", shared_dir() / "data" / "criteo"))
 CRITEO_FILES = sorted(CRITEO_DIR.glob("*.txt")) if CRITEO_DIR.is_dir() else []
 # real Criteo rows in time order: the 10k contiguous file first
 CRITEO_FILES.sort(key=lambda p: (not p.name.startswith("autoint"), p.name))

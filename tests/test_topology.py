@@ -1,7 +1,6 @@
 """Topology parsing and placement plans over every real `nvidia-smi topo -m` matrix in ../shared."""
 
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,8 +8,9 @@ import pytest
 from store.errors import StoreError
 from store.placement import make_plan, pin_to, shard_of
 from store.topology import cpu_only_topology, parse_cpu_list, parse_topo_matrix
+from tests.conftest import shared_dir
 
-TOPOLOGY_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "topology"
+TOPOLOGY_DIR = shared_dir() / "data" / "topology"
 MATRICES = sorted(TOPOLOGY_DIR.glob("*.txt")) if TOPOLOGY_DIR.is_dir() else []
 needs_matrices = pytest.mark.skipif(not MATRICES, reason="../shared/data/topology is not on this machine")
 

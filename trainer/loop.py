@@ -16,8 +16,8 @@ from prometheus_client import Counter, Gauge, start_http_server
 
 from store.hierarchy import HierarchyConfig, TieredStore
 from store.ram import RamTier
-from store.tier import Tier
 from store.table import EmbeddingTable, TableConfig
+from store.tier import Tier
 from stream.schema import Schema
 from stream.settings import KafkaSettings
 from trainer.batch import Batch
