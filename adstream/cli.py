@@ -190,9 +190,12 @@ def cmd_demo(args: argparse.Namespace) -> None:
 def cmd_bench(args: argparse.Namespace) -> None:
     from bench.pipeline import run_pipeline_bench
 
-    if args.which != "pipeline":
-        raise AdstreamError(f"bench {args.which}: unknown benchmark; available: pipeline")
-    result = run_pipeline_bench(_config(args), events=args.events, criteo_dir=args.criteo)
+    if args.which == "store":
+        from bench.store import run_store_bench
+
+        result = run_store_bench(ids=args.ids, batches=args.batches, device=args.device)
+    else:
+        result = run_pipeline_bench(_config(args), events=args.events, criteo_dir=args.criteo)
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:
@@ -283,10 +286,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("bench", help="benchmarks printing JSON (not tests)")
-    p.add_argument("which", choices=["pipeline"])
+    p.add_argument("which", choices=["pipeline", "store"])
     stack_flags(p)
     p.add_argument("--events", type=int, default=100_000, help="synthetic events per stage")
     p.add_argument("--criteo", default="../shared/data/criteo", help="folder of real Criteo TSV files")
+    p.add_argument("--ids", type=int, default=50_000_000, help="store: distinct ids in the table")
+    p.add_argument("--batches", type=int, default=40, help="store: timed batches of 4096 events x 26 fields")
+    p.add_argument("--device", default="cpu", help="store: device of the device tier (cuda:0 on a GPU machine)")
     p.add_argument("--json", help="write the JSON here too")
     p.set_defaults(func=cmd_bench)
     return parser

@@ -129,14 +129,11 @@ class RamTier:
         return out
 
     def remove(self, ids: np.ndarray) -> int:
-        removed = 0
-        for key in ids.tolist():
-            slot = self._slot.pop(key, None)
-            if slot is not None:
-                self._free.append(slot)
-                self.slot_ids[slot] = _NO_ID
-                removed += 1
-        return removed
+        popped = np.fromiter(map(self._slot.pop, ids.tolist(), repeat(-1)), dtype=np.int64, count=len(ids))
+        slots = popped[popped >= 0]
+        self._free.extend(slots.tolist())
+        self.slot_ids[slots] = _NO_ID
+        return len(slots)
 
     def all_ids(self) -> np.ndarray:
         return np.fromiter(self._slot.keys(), dtype=np.int64, count=len(self._slot))

@@ -6,6 +6,7 @@ Key: the id as 8 big-endian bytes. Value: the row's float32 values, then its boo
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +23,8 @@ def _keys(ids: np.ndarray) -> list[bytes]:
 
 
 class RocksTier:
-    def __init__(self, path: str | Path, width: int, capacity_bytes: int) -> None:
-        from rocksdict import Options, Rdict
+    def __init__(self, path: str | Path, width: int, capacity_bytes: int, block_cache_mb: int = 256) -> None:
+        from rocksdict import BlockBasedOptions, Cache, Options, Rdict
 
         if capacity_bytes <= 0:
             raise StoreError(f"RocksTier: capacity_bytes={capacity_bytes}; set a positive disk budget in bytes")
@@ -33,6 +34,12 @@ class RocksTier:
         self.capacity_bytes = capacity_bytes
         options = Options(raw_mode=True)
         options.create_if_missing(True)
+        options.increase_parallelism(os.cpu_count() or 2)
+        table = BlockBasedOptions()  # point lookups: bloom filters and a block cache
+        table.set_bloom_filter(10, False)
+        table.set_block_cache(Cache(block_cache_mb << 20))
+        table.set_cache_index_and_filter_blocks(True)
+        options.set_block_based_table_factory(table)
         self.db = Rdict(str(self.path), options=options)
         self._count = sum(1 for _ in self.db.keys())
 
@@ -96,6 +103,21 @@ class RocksTier:
             batch.put(key, value.tobytes())
         self.db.write(batch)
         self._count += new
+
+    def write_new(self, ids: np.ndarray, rows: torch.Tensor) -> None:
+        """Bulk insert of ids known to be absent (no existence check), e.g. loading a table."""
+        from rocksdict import WriteBatch
+
+        if (self._count + len(ids)) * self.row_bytes > self.capacity_bytes:
+            raise StoreError(f"RocksTier at {self.path}: bulk load exceeds the disk budget of {self.capacity_bytes} bytes")
+        meta = np.zeros((len(ids), 2), dtype=np.int64)
+        meta[:, 1] = 1
+        payload = np.concatenate([rows.numpy().astype(np.float32).view(np.uint8), meta.view(np.uint8)], axis=1)
+        batch = WriteBatch(raw_mode=True)
+        for key, value in zip(_keys(ids), payload, strict=True):
+            batch.put(key, value.tobytes())
+        self.db.write(batch)
+        self._count += len(ids)
 
     def remove(self, ids: np.ndarray) -> int:
         from rocksdict import WriteBatch

@@ -1,0 +1,180 @@
+"""`adstream bench store`: rows looked up and updated per second, side by side, for
+(a) the device -> RAM -> RocksDB hierarchy with RAM <= table/10 and device <= RAM/10,
+(b) the all-in-RAM PyTorch baseline (nn.Embedding(sparse=True) over the whole table, SparseAdam),
+(c) a RocksDB-only store (every lookup and write-back in RocksDB).
+
+Ids are Zipf-distributed (exponent 1.15) over a table of `ids` distinct ids, all of which exist
+before timing starts (RocksDB is bulk-loaded; the baseline allocates the whole table). Batches are
+4096 events x 26 fields; dim 16 with Adam state (a raw row is 3 x 16 float32 = 192 bytes). Every
+store runs the same model step: sum the event's 26 vectors, a linear layer, BCE, sparse Adam.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from rich.progress import Progress
+
+from store.hierarchy import HierarchyConfig, TieredStore
+from store.ram import RamTier
+from store.rocks import RocksTier
+from store.table import EmbeddingTable, TableConfig
+
+DIM = 16
+FIELDS = 26
+RAW_ROW_BYTES = 3 * DIM * 4
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def zipf_batches(n_ids: int, batches: int, batch_events: int, seed: int = 0) -> list[np.ndarray]:
+    """Zipf(1.15) ranks over [0, n_ids) -> scattered 62-bit ids, (batch_events, FIELDS) per batch."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(batches):
+        ranks = (rng.zipf(1.15, size=(batch_events, FIELDS)) - 1) % n_ids
+        out.append(rank_to_id(ranks.astype(np.uint64)))
+    return out
+
+
+def rank_to_id(ranks: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return ((ranks.astype(np.uint64) * _GOLDEN) >> np.uint64(2)).astype(np.int64)
+
+
+def bulk_load(tier: RocksTier, n_ids: int, chunk: int = 1 << 20, progress: bool = True) -> None:
+    """Every id of the table gets a row (initial vector, zero moments) before timing."""
+    from store.init import initial_vectors
+
+    with Progress(disable=not progress) as bar:
+        task = bar.add_task("bulk-load RocksDB", total=n_ids)
+        for start in range(0, n_ids, chunk):
+            ids = rank_to_id(np.arange(start, min(start + chunk, n_ids), dtype=np.uint64))
+            rows = torch.zeros((len(ids), 3 * DIM))
+            rows[:, :DIM] = initial_vectors(ids, DIM, 0, 0.01)
+            tier.write_new(ids, rows)
+            bar.update(task, advance=len(ids))
+    tier.db.compact_range(None, None)  # a long-running store is compacted; time lookups, not L0 files
+
+
+def _time_table(table: EmbeddingTable, batches: list[np.ndarray], warmup: int) -> tuple[float, float]:
+    head = torch.nn.Linear(DIM, 1)
+    opt = torch.optim.Adam(head.parameters(), lr=1e-3)
+    labels = torch.from_numpy((np.random.default_rng(1).random(batches[0].shape[0]) < 0.25).astype(np.float32))
+    rows_done = ids_done = 0
+    start = time.perf_counter()
+    for i, ids in enumerate(batches, start=1):
+        if i == warmup + 1:
+            rows_done = ids_done = 0
+            start = time.perf_counter()
+        lookup = table.lookup(ids)
+        leaf = lookup.vectors.detach().requires_grad_(True)
+        logits = head(leaf[lookup.inverse].view(ids.shape[0], FIELDS, DIM).sum(1)).squeeze(1)
+        loss = F.binary_cross_entropy_with_logits(logits, labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        table.update(lookup, leaf.grad, i)  # type: ignore[arg-type]
+        rows_done += len(lookup.unique_ids)
+        ids_done += ids.size
+    seconds = time.perf_counter() - start
+    return rows_done / seconds, ids_done / seconds
+
+
+def _time_baseline(n_ids: int, batches: list[np.ndarray], warmup: int) -> tuple[float, float]:
+    """nn.Embedding over the whole table: ids must be row numbers, so the rank is the row (the hierarchy
+    gets scattered 62-bit ids; the baseline gets them already mapped, which only helps it)."""
+    embedding = torch.nn.Embedding(n_ids, DIM, sparse=True)
+    torch.nn.init.normal_(embedding.weight, std=0.01)
+    head = torch.nn.Linear(DIM, 1)
+    sparse_opt = torch.optim.SparseAdam(embedding.parameters(), lr=1e-3)
+    opt = torch.optim.Adam(head.parameters(), lr=1e-3)
+    labels = torch.from_numpy((np.random.default_rng(1).random(batches[0].shape[0]) < 0.25).astype(np.float32))
+    inverse_golden = pow(int(_GOLDEN), -1, 1 << 64)
+    rows_done = ids_done = 0
+    start = time.perf_counter()
+    for i, ids in enumerate(batches, start=1):
+        if i == warmup + 1:
+            rows_done = ids_done = 0
+            start = time.perf_counter()
+        with np.errstate(over="ignore"):  # undo rank_to_id: row = rank
+            ranks = ((ids.astype(np.uint64) << np.uint64(2)) * np.uint64(inverse_golden)) % np.uint64(n_ids)
+        rows = torch.from_numpy(ranks.astype(np.int64))
+        logits = head(embedding(rows).sum(1)).squeeze(1)
+        loss = F.binary_cross_entropy_with_logits(logits, labels)
+        sparse_opt.zero_grad()
+        opt.zero_grad()
+        loss.backward()
+        sparse_opt.step()
+        opt.step()
+        rows_done += len(np.unique(ranks))
+        ids_done += ids.size
+    seconds = time.perf_counter() - start
+    return rows_done / seconds, ids_done / seconds
+
+
+def ram_tier_bytes_per_row(tier: RamTier) -> float:
+    """Measured host bytes per held row: the row tensor and bookkeeping arrays in use, the id->slot
+    dict (its table and its int objects), divided by the rows held."""
+    n = max(len(tier), 1)
+    slots = tier._used  # noqa: SLF001 - measuring the tier's own memory
+    arrays = slots * (tier.width * 4 + 8 + 8 + 8 + 1)
+    mapping = sys.getsizeof(tier._slot) + sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in tier._slot.items())  # noqa: SLF001
+    return (arrays + mapping) / n
+
+
+def run_store_bench(ids: int = 50_000_000, batches: int = 40, warmup: int = 30, batch_events: int = 4096,
+                    workdir: str = ".state/bench-store", device: str = "cpu") -> dict[str, Any]:
+    work = Path(workdir)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    data = zipf_batches(ids, batches + warmup, batch_events)
+    unique_touched = len(np.unique(np.concatenate([b.reshape(-1) for b in data])))
+    width = 3 * DIM
+    row = RamTier(width, 1).row_bytes
+    ram_rows = ids * RAW_ROW_BYTES // 10 // row  # RAM budget = a tenth of the table's raw bytes
+    device_rows = ram_rows // 10
+    result: dict[str, Any] = {"table_ids": ids, "dim": DIM, "fields": FIELDS, "batch_events": batch_events,
+                              "timed_batches": batches, "warmup_batches": warmup, "distinct_ids_touched": unique_touched,
+                              "cores": os.cpu_count(), "device": device}
+
+    # (b) baseline first: it needs the most memory, free it before the others run
+    result["in_memory_rows_per_s"], result["in_memory_ids_per_s"] = _time_baseline(ids, data, warmup)
+    gc.collect()
+
+    # (a) the hierarchy, over a RocksDB holding every id
+    config = HierarchyConfig(device_bytes=device_rows * row, ram_bytes=ram_rows * row, disk_bytes=ids * 400,
+                             path=str(work / "rocks"), device=device)
+    store = TieredStore(width, config)
+    start = time.perf_counter()
+    bulk_load(store.rocks, ids)
+    result["bulk_load_s"] = time.perf_counter() - start
+    table = EmbeddingTable(store, TableConfig(dim=DIM))
+    result["hierarchy_rows_per_s"], result["hierarchy_ids_per_s"] = _time_table(table, data, warmup)
+    stats = store.stats()
+    result["hit_rate"] = {"device": stats["hit_rate_device"], "ram": stats["hit_rate_ram"],
+                          "rocksdb": stats["hit_rate_rocksdb"], "miss": stats["miss_rate"]}
+    result["hierarchy_stats"] = stats
+    result["ram_budget_bytes"] = config.ram_bytes
+    result["device_budget_bytes"] = config.device_bytes
+    result["table_to_ram_budget_ratio"] = ids * RAW_ROW_BYTES / config.ram_bytes
+    result["ram_bytes_per_row_ratio"] = ram_tier_bytes_per_row(store.ram) / RAW_ROW_BYTES if len(store.ram) else None
+    result["ram_tier_rows"] = len(store.ram)
+    rocks = store.rocks
+
+    # (c) RocksDB only: the same database, no caches
+    table = EmbeddingTable(rocks, TableConfig(dim=DIM))
+    result["rocksdb_only_rows_per_s"], result["rocksdb_only_ids_per_s"] = _time_table(table, data, warmup)
+    store.close()
+    result["hierarchy_vs_in_memory"] = result["hierarchy_rows_per_s"] / result["in_memory_rows_per_s"]
+    result["hierarchy_vs_rocksdb_only"] = result["hierarchy_rows_per_s"] / result["rocksdb_only_rows_per_s"]
+    shutil.rmtree(work, ignore_errors=True)
+    return result
