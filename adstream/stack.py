@@ -268,7 +268,7 @@ def _http_ok(url: str) -> bool:
         return False
 
 
-def up(settings: StackSettings, partitions: int | None = None) -> None:
+def up(settings: StackSettings) -> None:
     start_kafka(settings)
     start_mlflow(settings)
 
