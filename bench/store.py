@@ -14,7 +14,6 @@ from __future__ import annotations
 import gc
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -127,12 +126,17 @@ def ram_tier_bytes_per_row(tier: RamTier) -> float:
     n = max(len(tier), 1)
     slots = tier._used  # noqa: SLF001 - measuring the tier's own memory
     arrays = slots * (tier.width * 4 + 8 + 8 + 8 + 1)
-    mapping = sys.getsizeof(tier._slot) + sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in tier._slot.items())  # noqa: SLF001
-    return (arrays + mapping) / n
+    return (arrays + tier._slot.nbytes) / n  # noqa: SLF001
 
 
-def run_store_bench(ids: int = 50_000_000, batches: int = 40, warmup: int = 30, batch_events: int = 4096,
-                    workdir: str = ".state/bench-store", device: str = "cpu") -> dict[str, Any]:
+def run_store_bench(
+    ids: int = 50_000_000,
+    batches: int = 40,
+    warmup: int = 30,
+    batch_events: int = 4096,
+    workdir: str = ".state/bench-store",
+    device: str = "cpu",
+) -> dict[str, Any]:
     work = Path(workdir)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -142,17 +146,30 @@ def run_store_bench(ids: int = 50_000_000, batches: int = 40, warmup: int = 30, 
     row = RamTier(width, 1).row_bytes
     ram_rows = ids * RAW_ROW_BYTES // 10 // row  # RAM budget = a tenth of the table's raw bytes
     device_rows = ram_rows // 10
-    result: dict[str, Any] = {"table_ids": ids, "dim": DIM, "fields": FIELDS, "batch_events": batch_events,
-                              "timed_batches": batches, "warmup_batches": warmup, "distinct_ids_touched": unique_touched,
-                              "cores": os.cpu_count(), "device": device}
+    result: dict[str, Any] = {
+        "table_ids": ids,
+        "dim": DIM,
+        "fields": FIELDS,
+        "batch_events": batch_events,
+        "timed_batches": batches,
+        "warmup_batches": warmup,
+        "distinct_ids_touched": unique_touched,
+        "cores": os.cpu_count(),
+        "device": device,
+    }
 
     # (b) baseline first: it needs the most memory, free it before the others run
     result["in_memory_rows_per_s"], result["in_memory_ids_per_s"] = _time_baseline(ids, data, warmup)
     gc.collect()
 
     # (a) the hierarchy, over a RocksDB holding every id
-    config = HierarchyConfig(device_bytes=device_rows * row, ram_bytes=ram_rows * row, disk_bytes=ids * 400,
-                             path=str(work / "rocks"), device=device)
+    config = HierarchyConfig(
+        device_bytes=device_rows * row,
+        ram_bytes=ram_rows * row,
+        disk_bytes=ids * 400,
+        path=str(work / "rocks"),
+        device=device,
+    )
     store = TieredStore(width, config)
     start = time.perf_counter()
     bulk_load(store.rocks, ids)
@@ -160,8 +177,12 @@ def run_store_bench(ids: int = 50_000_000, batches: int = 40, warmup: int = 30, 
     table = EmbeddingTable(store, TableConfig(dim=DIM))
     result["hierarchy_rows_per_s"], result["hierarchy_ids_per_s"] = _time_table(table, data, warmup)
     stats = store.stats()
-    result["hit_rate"] = {"device": stats["hit_rate_device"], "ram": stats["hit_rate_ram"],
-                          "rocksdb": stats["hit_rate_rocksdb"], "miss": stats["miss_rate"]}
+    result["hit_rate"] = {
+        "device": stats["hit_rate_device"],
+        "ram": stats["hit_rate_ram"],
+        "rocksdb": stats["hit_rate_rocksdb"],
+        "miss": stats["miss_rate"],
+    }
     result["hierarchy_stats"] = stats
     result["ram_budget_bytes"] = config.ram_bytes
     result["device_budget_bytes"] = config.device_bytes

@@ -1,7 +1,7 @@
-"""RamTier: rows in one tensor, ids -> slots in a dict, per-slot bookkeeping in numpy arrays.
+"""RamTier: rows in one tensor, ids -> slots in an IdIndex, per-slot bookkeeping in numpy arrays.
 
-Any 64-bit id works. Lookups are vectorized over the batch (`map(dict.get)` runs in C); there is
-no Python loop per id. The same class is the device tier (`device="cuda"`, preallocated to its
+Any 64-bit id works. Lookups are vectorized over the batch (index.py); there is no Python loop
+per id. The same class is the device tier (`device="cuda"`, preallocated to its
 budget, never grows) and the host RAM tier (grows up to its budget; pinned memory under CUDA).
 Per slot it keeps `last_seen` (step), `freq` (times written) and `dirty` (newer than the cold
 tier), which the hierarchy's eviction and expiry policies read.
@@ -9,14 +9,13 @@ tier), which the hierarchy's eviction and expiry policies read.
 
 from __future__ import annotations
 
-from itertools import repeat
-
 import numpy as np
 import torch
 
 from store.errors import StoreError
+from store.index import IdIndex
 
-_ID_OVERHEAD_BYTES = 8 + 8  # the dict's key and slot, counted against the budget
+_ID_OVERHEAD_BYTES = 22  # the index's key, slot and state at its usual load, counted against the budget
 _NO_ID = np.iinfo(np.int64).min
 
 
@@ -41,7 +40,7 @@ class RamTier:
         rows = self.capacity_rows if preallocate else min(initial_rows, max(self.capacity_rows, 1))
         self.fixed = preallocate
         self._rows = self._alloc(rows)
-        self._slot: dict[int, int] = {}
+        self._slot = IdIndex(rows)
         self._free: list[int] = []
         self._used = 0  # slots handed out so far (high-water mark)
         self.slot_ids = np.full(rows, _NO_ID, dtype=np.int64)  # slot -> id
@@ -73,8 +72,7 @@ class RamTier:
         return len(self._slot) * self.row_bytes
 
     def slots(self, ids: np.ndarray) -> np.ndarray:
-        keys = ids.tolist()
-        return np.fromiter(map(self._slot.get, keys, repeat(-1)), dtype=np.int64, count=len(keys))
+        return self._slot.get(ids)
 
     def contains(self, ids: np.ndarray) -> np.ndarray:
         return self.slots(ids) >= 0
@@ -101,7 +99,7 @@ class RamTier:
                     f"{self.capacity_bytes}; raise the tier's budget (e.g. trainer.ram_bytes) or use the hierarchy"
                 )
             slots[new] = self._allocate(len(new))
-            self._slot.update(zip(ids[new].tolist(), slots[new].tolist()))
+            self._slot.put(ids[new], slots[new])
             self.slot_ids[slots[new]] = ids[new]
             self.freq[slots[new]] = 0
         self._rows[torch.from_numpy(slots).to(self.device)] = rows.to(self.device, torch.float32)
@@ -129,14 +127,14 @@ class RamTier:
         return out
 
     def remove(self, ids: np.ndarray) -> int:
-        popped = np.fromiter(map(self._slot.pop, ids.tolist(), repeat(-1)), dtype=np.int64, count=len(ids))
+        popped = self._slot.pop(ids)
         slots = popped[popped >= 0]
         self._free.extend(slots.tolist())
         self.slot_ids[slots] = _NO_ID
         return len(slots)
 
     def all_ids(self) -> np.ndarray:
-        return np.fromiter(self._slot.keys(), dtype=np.int64, count=len(self._slot))
+        return self._slot.items()[0]
 
     def resident(self) -> tuple[np.ndarray, np.ndarray]:
         """(ids, slots) of every row held, vectorized from the slot arrays."""

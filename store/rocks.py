@@ -109,7 +109,9 @@ class RocksTier:
         from rocksdict import WriteBatch
 
         if (self._count + len(ids)) * self.row_bytes > self.capacity_bytes:
-            raise StoreError(f"RocksTier at {self.path}: bulk load exceeds the disk budget of {self.capacity_bytes} bytes")
+            raise StoreError(
+                f"RocksTier at {self.path}: bulk load exceeds the disk budget of {self.capacity_bytes} bytes"
+            )
         meta = np.zeros((len(ids), 2), dtype=np.int64)
         meta[:, 1] = 1
         payload = np.concatenate([rows.numpy().astype(np.float32).view(np.uint8), meta.view(np.uint8)], axis=1)
