@@ -140,6 +140,14 @@ def run_training(
 
     if settings.metrics_port:
         start_http_server(settings.metrics_port)
+    if settings.device.startswith("cuda"):  # run on the CPUs (and so the memory) of this GPU's NUMA node
+        from store.placement import make_plan, pin_to
+        from store.topology import discover
+
+        gpu = torch.device(settings.device).index or 0
+        placement = next((p for p in make_plan(discover()).placements if p.gpu == gpu), None)
+        if placement is not None:
+            log.info("GPU%d: pinned to NUMA node %d, CPUs %s", gpu, placement.numa, pin_to(placement))
     trainer = Trainer(schema, settings)
     publisher = Publisher(mlflow, params={**asdict(settings), "schema_hash": schema.hash, "max_events": max_events})
     source = BatchSource(kafka, settings.group_id, schema.hash)
