@@ -48,12 +48,7 @@ def _faust_rate(config: Config, records: list, n_events: int, log_dir: Path, tak
     from stream.batch_codec import decode_batch
 
     tag = uuid.uuid4().hex[:6]
-    kafka = replace(
-        config.kafka,
-        events_topic=f"bench-{tag}.events",
-        batches_topic=f"bench-{tag}.batches",
-        dlq_topic=f"bench-{tag}.dlq",
-    )
+    kafka = config.kafka.scoped(f"bench-{tag}")
     config = replace(
         config, kafka=kafka, stream=replace(config.stream, app_id=f"bench-{tag}", take_records=take_records)
     )
@@ -142,12 +137,7 @@ def run_pipeline_bench(
 
     # replay: pre-encoded records, so the figure is the producer's, not the generator's
     tag = uuid.uuid4().hex[:6]
-    kafka = replace(
-        config.kafka,
-        events_topic=f"bench-{tag}.events",
-        dlq_topic=f"bench-{tag}.dlq",
-        batches_topic=f"bench-{tag}.batches",
-    )
+    kafka = config.kafka.scoped(f"bench-{tag}")
     ensure_topics(kafka)
     singles = list(synthetic_records(synthetic, schema))
     result["replay_events_per_s"] = replay(iter(singles), kafka, progress=False).events_per_s

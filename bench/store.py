@@ -15,6 +15,7 @@ import gc
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,19 +65,33 @@ def bulk_load(tier: RocksTier, n_ids: int, chunk: int = 1 << 20, progress: bool 
     tier.db.compact_range(None, None)  # a long-running store is compacted; time lookups, not L0 files
 
 
-def _time_table(
-    table: EmbeddingTable, batches: list[np.ndarray], warmup: int, first_step: int = 1
-) -> tuple[float, float]:
-    head = torch.nn.Linear(DIM, 1)
-    opt = torch.optim.Adam(head.parameters(), lr=1e-3)
-    labels = torch.from_numpy((np.random.default_rng(1).random(batches[0].shape[0]) < 0.25).astype(np.float32))
+def _timed(batches: list[np.ndarray], warmup: int, step: Callable[[int, np.ndarray], int]) -> tuple[float, float]:
+    """Run step(i, ids) -> unique rows touched over the batches; (rows/s, ids/s) after `warmup` batches."""
     rows_done = ids_done = 0
     start = time.perf_counter()
     for i, ids in enumerate(batches, start=1):
         if i == warmup + 1:
             rows_done = ids_done = 0
             start = time.perf_counter()
-        step = first_step + i - 1
+        rows_done += step(i, ids)
+        ids_done += ids.size
+    seconds = time.perf_counter() - start
+    return rows_done / seconds, ids_done / seconds
+
+
+def _labels(batch_events: int) -> torch.Tensor:
+    return torch.from_numpy((np.random.default_rng(1).random(batch_events) < 0.25).astype(np.float32))
+
+
+def _time_table(
+    table: EmbeddingTable, batches: list[np.ndarray], warmup: int, first_step: int = 1
+) -> tuple[float, float]:
+    """The store under test: lookup, the shared model step, sparse Adam through the table."""
+    head = torch.nn.Linear(DIM, 1)
+    opt = torch.optim.Adam(head.parameters(), lr=1e-3)
+    labels = _labels(batches[0].shape[0])
+
+    def step(i: int, ids: np.ndarray) -> int:
         lookup = table.lookup(ids)
         leaf = lookup.vectors.detach().requires_grad_(True)
         logits = head(leaf[lookup.inverse].view(ids.shape[0], FIELDS, DIM).sum(1)).squeeze(1)
@@ -84,11 +99,10 @@ def _time_table(
         opt.zero_grad()
         loss.backward()
         opt.step()
-        table.update(lookup, leaf.grad, step)  # type: ignore[arg-type]
-        rows_done += len(lookup.unique_ids)
-        ids_done += ids.size
-    seconds = time.perf_counter() - start
-    return rows_done / seconds, ids_done / seconds
+        table.update(lookup, leaf.grad, first_step + i - 1)  # type: ignore[arg-type]
+        return len(lookup.unique_ids)
+
+    return _timed(batches, warmup, step)
 
 
 def _time_baseline(n_ids: int, batches: list[np.ndarray], warmup: int) -> tuple[float, float]:
@@ -99,28 +113,22 @@ def _time_baseline(n_ids: int, batches: list[np.ndarray], warmup: int) -> tuple[
     head = torch.nn.Linear(DIM, 1)
     sparse_opt = torch.optim.SparseAdam(embedding.parameters(), lr=1e-3)
     opt = torch.optim.Adam(head.parameters(), lr=1e-3)
-    labels = torch.from_numpy((np.random.default_rng(1).random(batches[0].shape[0]) < 0.25).astype(np.float32))
+    labels = _labels(batches[0].shape[0])
     inverse_golden = pow(int(_GOLDEN), -1, 1 << 64)
-    rows_done = ids_done = 0
-    start = time.perf_counter()
-    for i, ids in enumerate(batches, start=1):
-        if i == warmup + 1:
-            rows_done = ids_done = 0
-            start = time.perf_counter()
+
+    def step(i: int, ids: np.ndarray) -> int:
         with np.errstate(over="ignore"):  # undo rank_to_id: row = rank
             ranks = ((ids.astype(np.uint64) << np.uint64(2)) * np.uint64(inverse_golden)) % np.uint64(n_ids)
-        rows = torch.from_numpy(ranks.astype(np.int64))
-        logits = head(embedding(rows).sum(1)).squeeze(1)
+        logits = head(embedding(torch.from_numpy(ranks.astype(np.int64))).sum(1)).squeeze(1)
         loss = F.binary_cross_entropy_with_logits(logits, labels)
         sparse_opt.zero_grad()
         opt.zero_grad()
         loss.backward()
         sparse_opt.step()
         opt.step()
-        rows_done += len(np.unique(ranks))
-        ids_done += ids.size
-    seconds = time.perf_counter() - start
-    return rows_done / seconds, ids_done / seconds
+        return len(np.unique(ranks))
+
+    return _timed(batches, warmup, step)
 
 
 def ram_tier_bytes_per_row(tier: RamTier) -> float:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -13,6 +13,12 @@ class KafkaSettings:
     dlq_topic: str = "adstream.events.dlq"  # rejected lines, header "reason"
     partitions: int = 2  # partitions of each topic when adstream creates it
     max_message_bytes: int = 4 << 20  # topic max.message.bytes, producer and consumer limits
+
+    def scoped(self, prefix: str) -> KafkaSettings:
+        """The same settings with topics of their own (`<prefix>.events`, ...), for tests and benchmarks."""
+        return replace(
+            self, events_topic=f"{prefix}.events", batches_topic=f"{prefix}.batches", dlq_topic=f"{prefix}.dlq"
+        )
 
 
 @dataclass(frozen=True)

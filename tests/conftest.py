@@ -68,13 +68,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Config]:
 def isolated(stack: Config, tmp_path: Path) -> Config:
     """The session stack with topics, groups, experiment and model name of this test alone."""
     tag = uuid.uuid4().hex[:8]
-    kafka = replace(
-        stack.kafka,
-        events_topic=f"t{tag}.events",
-        batches_topic=f"t{tag}.batches",
-        dlq_topic=f"t{tag}.dlq",
-        partitions=2,
-    )
+    kafka = replace(stack.kafka.scoped(f"t{tag}"), partitions=2)
     return replace(
         stack,
         kafka=kafka,
