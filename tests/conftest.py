@@ -28,6 +28,11 @@ def shared_dir() -> Path:
     return ROOT.parent / "shared"
 
 
+def needs_shared(present: bool, what: str) -> pytest.MarkDecorator:
+    """Skip a test on a machine without the shared data, except under CI=true, where it runs and fails."""
+    return pytest.mark.skipif(not present and os.environ.get("CI") != "true", reason=f"{what} is not on this machine")
+
+
 CRITEO_DIR = Path(os.environ.get("ADSTREAM_CRITEO_DIR", shared_dir() / "data" / "criteo"))
 CRITEO_FILES = sorted(CRITEO_DIR.glob("*.txt")) if CRITEO_DIR.is_dir() else []
 # real Criteo rows in time order: the 10k contiguous file first

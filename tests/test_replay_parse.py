@@ -4,7 +4,7 @@ import pytest
 
 from stream.decode import event_from_mapping
 from stream.replay import criteo_file_lines, criteo_records, parse_criteo_line
-from tests.conftest import CRITEO_FILES
+from tests.conftest import CRITEO_FILES, needs_shared
 
 LINE = "1\t5\t\t-1\t" + "\t".join(["2"] * 10) + "\t" + "\t".join(["68fd1e64"] * 25) + "\t"
 
@@ -48,7 +48,7 @@ def test_loop_repeats_with_new_event_ids(tmp_path):
     assert first[0] != second[0]
 
 
-@pytest.mark.skipif(not CRITEO_FILES, reason="../shared/data/criteo is not on this machine")
+@needs_shared(bool(CRITEO_FILES), "../shared/data/criteo")
 def test_every_real_criteo_row_parses(schema):
     records = list(criteo_records(CRITEO_FILES, schema))
     assert len(records) == 10_381

@@ -8,11 +8,11 @@ import pytest
 from store.errors import StoreError
 from store.placement import make_plan, pin_to, shard_of
 from store.topology import cpu_only_topology, parse_cpu_list, parse_topo_matrix
-from tests.conftest import shared_dir
+from tests.conftest import needs_shared, shared_dir
 
 TOPOLOGY_DIR = shared_dir() / "data" / "topology"
 MATRICES = sorted(TOPOLOGY_DIR.glob("*.txt")) if TOPOLOGY_DIR.is_dir() else []
-needs_matrices = pytest.mark.skipif(not MATRICES, reason="../shared/data/topology is not on this machine")
+needs_matrices = needs_shared(bool(MATRICES), str(TOPOLOGY_DIR))
 
 
 def load(name: str):
@@ -23,6 +23,7 @@ def load(name: str):
 @needs_matrices
 @pytest.mark.parametrize("path", MATRICES, ids=lambda p: p.stem)
 def test_every_matrix_parses_into_a_consistent_plan(path):
+    assert len(MATRICES) == 7, f"expected the 7 real matrices in {TOPOLOGY_DIR}"
     topology = parse_topo_matrix(path.read_text())
     plan = make_plan(topology)
     n = len(topology.gpus)

@@ -8,7 +8,6 @@ from dataclasses import replace
 
 import httpx
 import numpy as np
-import pytest
 
 from adstream.demo import wait_for_model
 from store.ram import RamTier
@@ -19,7 +18,7 @@ from stream.replay import criteo_records, replay, synthetic_records
 from stream.schema import load_schema
 from stream.synthetic import SyntheticCriteo
 from stream.topics import ensure_topics
-from tests.conftest import CRITEO_FILES, ROOT
+from tests.conftest import CRITEO_FILES, ROOT, needs_shared
 from tests.integration.helpers import free_port, start_cli, stop_process
 from trainer.batch import batch_from_features
 from trainer.loop import run_training
@@ -108,8 +107,9 @@ def test_synthetic_stream_end_to_end(isolated, tmp_path):
     assert 0.05 < served.mean() < 0.7
 
 
-@pytest.mark.skipif(not CRITEO_FILES, reason="../shared/data/criteo is not on this machine")
+@needs_shared(bool(CRITEO_FILES), "../shared/data/criteo")
 def test_real_criteo_rows_end_to_end(isolated, tmp_path):
+    assert CRITEO_FILES, "no real Criteo rows found; put ../shared beside the clone"
     schema = load_schema()
     records = list(criteo_records(CRITEO_FILES, schema))
     n = sum(1 for r in records if r[2] is None)
