@@ -98,14 +98,22 @@ def cmd_stream(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
+    import os
+
     from stream.schema import load_schema
     from trainer.loop import run_training
 
     config = _config(args)
-    if args.workers != 1:
-        raise AdstreamError(
-            "train --workers: only 1 worker in this version (several replicas come with k-step merging)"
-        )
+    workers = args.workers or config.trainer.workers
+    if workers < 1:
+        raise AdstreamError(f"train --workers {workers}: use 1 or more replicas")
+    if workers > 1 and "WORLD_SIZE" not in os.environ:  # supervise N replicas (torchrun sets WORLD_SIZE itself)
+        from trainer.group import supervise
+
+        code = supervise(args.argv, workers, config.trainer.max_restarts)
+        if code:
+            raise AdstreamError(f"train: the replica group failed (exit {code}); see the log above")
+        return
     summary = run_training(
         load_schema(config.stream.schema),
         config.kafka,
@@ -251,7 +259,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_stream)
 
     p = sub.add_parser("train", help="train online from the batches topic, publish snapshots to MLflow")
-    p.add_argument("--workers", type=int, default=1, help="trainer processes (1 in this version)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        help="replicas, one process each, merged every trainer.merge_every_steps (default trainer.workers)",
+    )
     p.add_argument("--max-steps", type=int, help="stop after N steps")
     p.add_argument("--max-events", type=int, help="stop after N events")
     p.add_argument("--idle-exit", type=float, help="stop after S seconds without batches")
@@ -299,7 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv  # the supervisor of `train --workers N` starts replicas with the same arguments
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from serving.errors import ServingError
     from store.errors import StoreError

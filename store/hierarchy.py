@@ -85,13 +85,15 @@ class TieredStore:
         return rows, found
 
     def write(self, ids: np.ndarray, rows: torch.Tensor, step: int = 0) -> None:
-        """Put rows (for unique ids) on the device tier, making room by eviction."""
+        """Put rows (for unique ids) on the device tier, making room by eviction. A write larger
+        than the device tier (a replica merge writes back every row touched since the last merge)
+        goes through in chunks: earlier chunks are evicted down to make room for later ones."""
         self.step = max(self.step, step)
-        if len(ids) > self.device.capacity_rows:
-            raise StoreError(
-                f"hierarchy: a batch touches {len(ids)} rows but the device tier holds "
-                f"{self.device.capacity_rows}; raise store.device_bytes"
-            )
+        chunk = self.device.capacity_rows
+        if len(ids) > chunk:
+            for start in range(0, len(ids), chunk):
+                self.write(ids[start : start + chunk], rows[start : start + chunk], step)
+            return
         incoming = ~self.device.contains(ids)
         need = int(incoming.sum()) - self.device.free_rows
         if need > 0:

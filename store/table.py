@@ -28,6 +28,11 @@ class TableConfig:
     beta2: float = 0.999  # sparse Adam second-moment decay
     eps: float = 1e-8  # sparse Adam denominator epsilon
     min_count: int = 1  # an id gets its own row after this many batches; before, a shared zero row, untrained
+    optimizer: str = "adam"  # "adam" (lazy sparse Adam) or "sgd" (plain SGD: moments stay zero; for tests)
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in ("adam", "sgd"):
+            raise StoreError(f"TableConfig.optimizer={self.optimizer!r}; use 'adam' or 'sgd'")
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,6 +59,16 @@ def sparse_adam(rows: torch.Tensor, grad: torch.Tensor, step: int, cfg: TableCon
     return torch.cat([w, m, v], dim=1)
 
 
+def sparse_sgd(rows: torch.Tensor, grad: torch.Tensor, cfg: TableConfig) -> torch.Tensor:
+    """One plain SGD step on the vector part of rows (u, 3*dim); the moment columns are kept. Pure."""
+    d = cfg.dim
+    return torch.cat([rows[:, :d] - cfg.lr * grad, rows[:, d:]], dim=1)
+
+
+def optimizer_step(rows: torch.Tensor, grad: torch.Tensor, step: int, cfg: TableConfig) -> torch.Tensor:
+    return sparse_sgd(rows, grad, cfg) if cfg.optimizer == "sgd" else sparse_adam(rows, grad, step, cfg)
+
+
 class EmbeddingTable:
     def __init__(self, tier: Tier, config: TableConfig) -> None:
         if tier.width != 3 * config.dim:
@@ -62,6 +77,7 @@ class EmbeddingTable:
         self.config = config
         self.pending: dict[int, int] = {}  # ids below min_count -> batches seen so far
         self.admissions = 0
+        self._touched: list[np.ndarray] = []  # ids written since the last take_touched() (replica merges)
 
     @property
     def dim(self) -> int:
@@ -93,20 +109,54 @@ class EmbeddingTable:
 
     def update(self, lookup: Lookup, grad: torch.Tensor, step: int) -> None:
         """Apply sparse Adam with grad (u, dim) to the admitted rows and write them back."""
-        new_rows = sparse_adam(lookup.rows, grad, step, self.config).detach()
+        new_rows = optimizer_step(lookup.rows, grad, step, self.config).detach()
         keep = lookup.admitted
         if not keep.all():
             mask = torch.from_numpy(keep).to(new_rows.device)
             new_rows = new_rows[mask]
         ids = lookup.unique_ids[keep]
-        if self.config.min_count > 1:  # count this sighting of ids still waiting; admit the ones that made it
-            new = ~lookup.found
-            for key in lookup.unique_ids[new & ~keep].tolist():
-                self.pending[key] = self.pending.get(key, 0) + 1
-            for key in lookup.unique_ids[new & keep].tolist():
-                self.pending.pop(key, None)
-            self.admissions += int((new & keep).sum())
+        self.count_sightings(lookup)
         self.tier.write(ids, new_rows, step=step)
+        self._touched.append(ids)
+
+    def count_sightings(self, lookup: Lookup) -> None:
+        """min_count bookkeeping: count this sighting of ids still waiting; admit the ones that made it."""
+        if self.config.min_count <= 1:
+            return
+        new, keep = ~lookup.found, lookup.admitted
+        for key in lookup.unique_ids[new & ~keep].tolist():
+            self.pending[key] = self.pending.get(key, 0) + 1
+        for key in lookup.unique_ids[new & keep].tolist():
+            self.pending.pop(key, None)
+        self.admissions += int((new & keep).sum())
+
+    # --- what replica merges need (trainer/merge.py) ---------------------------------------
+    def take_touched(self) -> np.ndarray:
+        """Unique ids (sorted) of the rows written since the last call; resets the record."""
+        touched = np.unique(np.concatenate(self._touched)) if self._touched else np.zeros(0, dtype=np.int64)
+        self._touched = []
+        return touched
+
+    def stored_rows(self, ids: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+        """Rows (n, 3*dim) on the host for unique ids, and held (n,): whether this store has the row."""
+        rows, held = self.tier.read(ids)
+        return rows.cpu(), held
+
+    def put(self, ids: np.ndarray, rows: torch.Tensor, step: int) -> None:
+        """Overwrite (or create) rows for unique ids: merged rows are admitted wherever they land."""
+        if self.pending:
+            for key in ids.tolist():
+                self.pending.pop(key, None)
+        self.tier.write(ids, rows, step=step)
+
+    def apply_grad(self, ids: np.ndarray, grad: torch.Tensor, step: int) -> None:
+        """One optimizer step on rows for unique ids with grad (n, dim) (synchronous data parallel:
+        every replica applies the same averaged gradient). Unseen ids start from their initial row."""
+        rows, held = self.stored_rows(ids)
+        if not held.all():
+            fresh = np.nonzero(~held)[0]
+            rows[torch.from_numpy(fresh)] = self.fresh_rows(ids[fresh])
+        self.put(ids, optimizer_step(rows, grad.cpu(), step, self.config).detach(), step)
 
     def export(self) -> tuple[np.ndarray, torch.Tensor]:
         """Every row: ids int64 (n,) sorted, rows float32 (n, 3*dim)."""

@@ -24,17 +24,28 @@ class Batch:
     event_ids: tuple[str, ...] = ()
     source_offsets: dict[int, int] = field(default_factory=dict)
     parts: int = 1  # stream batches (Kafka records) this batch was assembled from
+    records: tuple[tuple[int, int], ...] = ()  # (partition, offset) of each of those Kafka records
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
     def to(self, device: torch.device | str) -> Batch:
         return Batch(
-            self.labels.to(device), self.dense.to(device), self.ids, self.event_ids, self.source_offsets, self.parts
+            self.labels.to(device),
+            self.dense.to(device),
+            self.ids,
+            self.event_ids,
+            self.source_offsets,
+            self.parts,
+            self.records,
         )
 
 
-def batch_from_features(parts: Sequence[FeatureBatch], source_offsets: dict[int, int] | None = None) -> Batch:
+def batch_from_features(
+    parts: Sequence[FeatureBatch],
+    source_offsets: dict[int, int] | None = None,
+    records: tuple[tuple[int, int], ...] = (),
+) -> Batch:
     """Concatenate stream batches into one training batch."""
     return Batch(
         labels=torch.from_numpy(np.concatenate([p.labels for p in parts])),
@@ -43,4 +54,5 @@ def batch_from_features(parts: Sequence[FeatureBatch], source_offsets: dict[int,
         event_ids=tuple(e for p in parts for e in p.event_ids),
         source_offsets=dict(source_offsets or {}),
         parts=len(parts),
+        records=records,
     )

@@ -1,125 +1,111 @@
-"""The training loop: source -> train step -> metrics -> snapshot every n steps or t seconds -> publish.
+"""The training loop of one replica: source -> step -> merge every k steps -> snapshot -> publish.
 
-A thin shell: the work is in step.train_step, snapshot.save_snapshot and publish.Publisher.
-Offsets are committed to Kafka only after the snapshot that holds them is published.
+Replicas of a group move in rounds. Each round every replica takes at most one batch from its
+partitions, then all of them add up a small control vector (who has a batch, events, who is
+idle, whether rank 0's clocks say a merge or snapshot is due), so every decision (learn, merge,
+snapshot, log, stop) is taken by all replicas at the same round and collectives never deadlock.
+A lone trainer runs the same loop with a group of one.
+
+Recovery: on start the newest complete snapshot is restored (model, Adam state, rows, offsets)
+and each replica seeks its partitions to the snapshot's offsets; offsets are committed to Kafka
+only after the snapshot holding them is durable. Snapshots are taken right after a merge, when
+every replica holds the same model, so rank 0 writes the one copy.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
-from prometheus_client import Counter, Gauge, start_http_server
+import torch.distributed as dist
+from prometheus_client import Gauge, start_http_server
 
-from store.hierarchy import HierarchyConfig, TieredStore
-from store.ram import RamTier
-from store.table import EmbeddingTable, TableConfig
-from store.tier import Tier
 from stream.schema import Schema
 from stream.settings import KafkaSettings
 from trainer.batch import Batch
-from trainer.errors import TrainerError
-from trainer.metrics import ProgressiveMetrics
-from trainer.model import DeepFM, ModelConfig
+from trainer.group import join_group, leave_group
+from trainer.metrics import merged_summary
+from trainer.replica import Trainer, make_tier, store_path
 from trainer.settings import MlflowSettings, TrainerSettings
-from trainer.snapshot import Manifest, save_snapshot
-from trainer.step import train_step
+from trainer.snapshot import latest_snapshot
 
 log = logging.getLogger("adstream.trainer")
-STEPS = Counter("adstream_trainer_steps_total", "train steps")
-SAMPLES = Counter("adstream_trainer_samples_total", "events learned")
-AUC = Gauge("adstream_trainer_progressive_auc", "cumulative progressive AUC")
-WINDOW_AUC = Gauge("adstream_trainer_window_auc", "sliding-window progressive AUC")
+AUC = Gauge("adstream_trainer_progressive_auc", "cumulative progressive AUC over every replica")
+WINDOW_AUC = Gauge("adstream_trainer_window_auc", "sliding-window progressive AUC of this replica")
 STORE = Gauge("adstream_trainer_store", "embedding store statistics (hit rates, evictions, bytes...)", ["stat"])
+
+__all__ = ["TrainSummary", "Trainer", "make_tier", "run_training"]
 
 
 @dataclass(frozen=True)
 class TrainSummary:
     steps: int
-    events: int
-    batches_built: int  # stream batches (Kafka records) consumed
-    progressive_auc: float
+    events: int  # events learned by the whole job, including before a resumed snapshot
+    batches_built: int  # stream batches (Kafka records) this replica consumed
+    progressive_auc: float  # over every replica's predictions
     progressive_logloss: float
-    window_auc: float
+    window_auc: float  # this replica's sliding window
     window_logloss: float
     model_version: str | None
     snapshot_path: str | None
-    samples_per_s: float
+    samples_per_s: float  # this run's events over its wall time learning
+    workers: int = 1
+    merges: int = 0
+    merge_bytes: int = 0  # payload all replicas sent to merge (or to sync, when merge_every_steps = 0)
+    resumed_from: str | None = None
 
 
-def make_tier(settings: TrainerSettings, width: int) -> Tier:
-    """The embedding store the settings ask for."""
-    if settings.store == "ram":
-        return RamTier(width, settings.ram_bytes)
-    if settings.store == "tiered":
-        config = HierarchyConfig(
-            device_bytes=settings.device_bytes,
-            ram_bytes=settings.ram_bytes,
-            disk_bytes=settings.disk_bytes,
-            path=settings.store_path,
-            device=settings.device,
-            policy=settings.eviction,
-            ttl_steps=settings.ttl_steps,
-        )
-        return TieredStore(width, config)
-    raise TrainerError(f"trainer.store={settings.store!r}; use 'ram' or 'tiered'")
+class Control:
+    """The per-round agreement: a sum over replicas of a few numbers (a no-op alone)."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+
+    def sum(self, values: list[float]) -> list[float]:
+        if self.world == 1:
+            return values
+        from trainer.merge import comm_device
+
+        t = torch.tensor(values, dtype=torch.float64, device=comm_device())
+        dist.all_reduce(t)
+        return t.cpu().tolist()
+
+    def gather(self, obj: Any) -> list[Any]:
+        if self.world == 1:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
 
 
-class Trainer:
-    """One trainer replica: dense DeepFM + Adam, embedding rows in the store, progressive metrics."""
+class LearnLog:
+    """Audit log of the Kafka records a replica learned: `partition offset step attempt` per line."""
 
-    def __init__(self, schema: Schema, settings: TrainerSettings) -> None:
-        if settings.threads:
-            torch.set_num_threads(settings.threads)
-        self.schema = schema
-        self.settings = settings
-        self.model_config = ModelConfig(
-            schema.num_sparse, schema.num_dense, settings.embed_dim, tuple(settings.hidden), settings.seed
-        )
-        self.device = torch.device(settings.device)
-        self.model = DeepFM(self.model_config).to(self.device)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=settings.lr)
-        self.table_config = TableConfig(
-            dim=self.model_config.row_dim, seed=settings.seed, lr=settings.sparse_lr, min_count=settings.min_count
-        )
-        self.table = EmbeddingTable(make_tier(settings, 3 * self.table_config.dim), self.table_config)
-        self.metrics = ProgressiveMetrics(window=settings.metrics_window)
-        self.step = 0
-        self.events = 0
-        self.offsets: dict[int, int] = {}
-        self.train_seconds = 0.0  # time spent in learn(), for samples/s
+    def __init__(self, folder: str, rank: int) -> None:
+        self.file = None
+        if folder:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            self.file = open(Path(folder) / f"rank{rank}.tsv", "a")  # noqa: SIM115 (closed by close())
+        self.attempt = os.environ.get("ADSTREAM_ATTEMPT", "0")
 
-    def learn(self, batch: Batch) -> None:
-        started = time.perf_counter()
-        self.step += 1
-        result = train_step(self.model, self.optimizer, self.table, batch.to(self.device), self.step)
-        self.metrics.update(batch.labels.numpy(), result.probs)
-        self.events += len(batch)
-        self.offsets.update(batch.source_offsets)
-        STEPS.inc()
-        SAMPLES.inc(len(batch))
-        self.train_seconds += time.perf_counter() - started
+    def write(self, batch: Batch, step: int) -> None:
+        if self.file:
+            self.file.write("".join(f"{p}\t{o}\t{step}\t{self.attempt}\n" for p, o in batch.records))
+            self.file.flush()  # in the OS's hands: survives a SIGKILL of this process
 
-    def manifest(self) -> Manifest:
-        return Manifest(
-            schema_name=self.schema.name,
-            schema_hash=self.schema.hash,
-            model=self.model_config.to_dict(),
-            table=asdict(self.table_config),
-            step=self.step,
-            events=self.events,
-            offsets={str(p): o for p, o in sorted(self.offsets.items())},
-            metrics=self.metrics.summary(),
-            created_ms=int(time.time() * 1000),
-        )
-
-    def save(self, root: str | Path) -> Path:
-        return save_snapshot(
-            Path(root) / f"step-{self.step:09d}", self.manifest(), self.model, self.table, self.optimizer
-        )
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
 
 
 def run_training(
@@ -132,88 +118,191 @@ def run_training(
     idle_exit_s: float | None = None,
     progress: bool = True,
 ) -> TrainSummary:
-    """Train from the batches topic until a stop condition; snapshot + publish on the way and at the end."""
+    """Train from the batches topic until a stop condition; merge, snapshot and publish on the way
+    and at the end. Joins the process group the environment describes (see group.py)."""
+    joined_here = not dist.is_initialized()
+    rank, world = join_group(settings.device)
+    try:
+        return _run(schema, kafka, settings, mlflow, rank, world, max_steps, max_events, idle_exit_s, progress)
+    finally:
+        if joined_here:
+            leave_group()
+
+
+def _run(  # noqa: C901 (the loop reads top to bottom; its parts are named closures)
+    schema: Schema,
+    kafka: KafkaSettings,
+    settings: TrainerSettings,
+    mlflow: MlflowSettings,
+    rank: int,
+    world: int,
+    max_steps: int | None,
+    max_events: int | None,
+    idle_exit_s: float | None,
+    progress: bool,
+) -> TrainSummary:
     from rich.progress import Progress, TextColumn, TimeElapsedColumn
 
     from trainer.publish import Publisher
     from trainer.source import BatchSource
 
     if settings.metrics_port:
-        start_http_server(settings.metrics_port)
+        start_http_server(settings.metrics_port + rank)
     if settings.device.startswith("cuda"):  # run on the CPUs (and so the memory) of this GPU's NUMA node
         from store.placement import make_plan, pin_to
         from store.topology import discover
 
-        gpu = torch.device(settings.device).index or 0
+        gpu = torch.device(settings.device).index or int(os.environ.get("LOCAL_RANK", "0"))
         placement = next((p for p in make_plan(discover()).placements if p.gpu == gpu), None)
         if placement is not None:
             log.info("GPU%d: pinned to NUMA node %d, CPUs %s", gpu, placement.numa, pin_to(placement))
+    if settings.store == "tiered":  # the snapshot is the truth; rows on disk may be newer than it
+        shutil.rmtree(store_path(settings, rank), ignore_errors=True)
+    control = Control(world)
     trainer = Trainer(schema, settings)
-    publisher = Publisher(mlflow, params={**asdict(settings), "schema_hash": schema.hash, "max_events": max_events})
-    source = BatchSource(kafka, settings.group_id, schema.hash)
+    resumed = latest_snapshot(settings.snapshot_dir)
+    run_id = None
+    total_events = 0
+    if resumed is not None:
+        manifest = trainer.restore(resumed)
+        total_events = manifest.events
+        trainer.events = manifest.events if rank == 0 else 0  # rank 0 carries the job's count
+        run_id = str(manifest.extra.get("mlflow_run_id") or "") or None
+        log.warning("replica %d resumes from %s (step %d)", rank, resumed, trainer.step)
+    publisher = None
+    if rank == 0:
+        params = {**asdict(settings), "schema_hash": schema.hash, "max_events": max_events, "workers": world}
+        publisher = Publisher(mlflow, params=params, run_id=run_id)
+    source = BatchSource(kafka, settings.group_id, schema.hash, rank, world, start_offsets=trainer.offsets)
+    learn_log = LearnLog(settings.learn_log, rank)
+    k = settings.merge_every_steps
     version: str | None = None
     snapshot_path: Path | None = None
-    last_snapshot_step, last_snapshot_t = 0, time.monotonic()
-    batches_built = 0
-    idle_since = time.monotonic()
+    rounds = last_snapshot_round = since_merge = batches_built = 0
+    last_merge_t = last_snapshot_t = idle_since = time.monotonic()
+    started, start_events = time.perf_counter(), total_events
+    merged: dict[str, float] = {}
 
     def snapshot() -> None:
-        nonlocal version, snapshot_path, last_snapshot_step, last_snapshot_t
-        snapshot_path = trainer.save(settings.snapshot_dir)
-        version = publisher.publish_snapshot(snapshot_path, trainer.step)
-        source.commit(trainer.offsets)  # only after the snapshot holding them is durable
-        last_snapshot_step, last_snapshot_t = trainer.step, time.monotonic()
+        nonlocal version, snapshot_path, last_snapshot_round, last_snapshot_t
+        offsets: dict[int, int] = {}
+        for part in control.gather(trainer.offsets):  # replicas read disjoint partitions
+            offsets.update(part)
+        if publisher is not None:
+            extra = {"mlflow_run_id": publisher.run_id, "workers": world, "merge_every_steps": k}
+            snapshot_path = trainer.save(settings.snapshot_dir, offsets, extra, events=total_events)
+            version = publisher.publish_snapshot(snapshot_path, trainer.step)
+        control.barrier()  # the snapshot is durable before any replica commits its offsets
+        source.commit(offsets)
+        last_snapshot_round, last_snapshot_t = rounds, time.monotonic()
+
+    def merge() -> None:
+        nonlocal since_merge, last_merge_t
+        if k > 0:
+            stats = trainer.merge()
+            if stats.rows or stats.dense_bytes:
+                log.info(
+                    "merge at step %d: %d rows, %d bytes, %.3fs", trainer.step, stats.rows, stats.bytes, stats.seconds
+                )
+        since_merge, last_merge_t = 0, time.monotonic()
+
+    def report() -> None:
+        nonlocal merged
+        merged = merged_summary(trainer.metrics)
+        mine = {
+            **trainer.metrics.summary(),
+            "samples_per_s": trainer.events / trainer.train_seconds if trainer.train_seconds else 0.0,
+            "merge_bytes": float(trainer.bytes_sent),
+            "merge_seconds": trainer.merge_seconds,
+        }
+        everyone = control.gather(mine)
+        AUC.set(merged["progressive_auc"])
+        WINDOW_AUC.set(mine["window_auc"])
+        store_stats = {f"store_{key}": value for key, value in trainer.table.stats().items()}
+        for key, value in store_stats.items():
+            STORE.labels(key).set(value)
+        if publisher is not None:
+            metrics = {**mine, **merged, **store_stats, "merges": float(trainer.merges)}
+            metrics["merge_bytes"] = sum(m["merge_bytes"] for m in everyone)
+            if world > 1:
+                metrics.update({f"rank{r}_{key}": value for r, m in enumerate(everyone) for key, value in m.items()})
+            publisher.log_metrics(metrics, trainer.step)
 
     bar = Progress(TextColumn("train"), TextColumn("{task.fields[info]}"), TimeElapsedColumn(), disable=not progress)
+    batches = source.batches(settings.batch_size, idle_s=settings.idle_s)
     try:
         with bar:
             task = bar.add_task("train", info="waiting for batches")
-            for batch in source.batches(settings.batch_size, idle_s=1.0):
-                if batch is None:
-                    if idle_exit_s is not None and time.monotonic() - idle_since >= idle_exit_s:
-                        break
-                    continue
-                idle_since = time.monotonic()
-                batches_built += batch.parts
-                trainer.learn(batch)
-                if trainer.step % settings.log_every_steps == 0:
-                    summary = trainer.metrics.summary()
-                    AUC.set(summary["progressive_auc"])
-                    WINDOW_AUC.set(summary["window_auc"])
-                    rate = trainer.events / trainer.train_seconds
-                    store_stats = {f"store_{k}": v for k, v in trainer.table.stats().items()}
-                    for key, value in store_stats.items():
-                        STORE.labels(key).set(value)
-                    publisher.log_metrics({**summary, **store_stats, "samples_per_s": rate}, trainer.step)
+            while True:
+                batch = next(batches)
+                now = time.monotonic()
+                if batch is not None:
+                    idle_since = now
+                idle = idle_exit_s is not None and now - idle_since >= idle_exit_s
+                merge_time = rank == 0 and 0 < settings.merge_every_s <= now - last_merge_t
+                snapshot_time = rank == 0 and now - last_snapshot_t >= settings.snapshot_every_s
+                has, events, idle_count, merge_due_t, snapshot_due_t = control.sum(
+                    [
+                        float(batch is not None),
+                        float(len(batch) if batch else 0),
+                        float(idle),
+                        merge_time,
+                        snapshot_time,
+                    ]
+                )
+                if has:
+                    rounds += 1
+                    since_merge += 1
+                    total_events += int(events)
+                    if k == 0:
+                        trainer.learn_sync(batch)  # every replica, with or without a batch
+                    elif batch is not None:
+                        trainer.learn(batch)
+                    if batch is not None:
+                        batches_built += batch.parts
+                        learn_log.write(batch, trainer.step)
+                stop = (idle_count == world and not has) or bool(
+                    (max_steps and rounds >= max_steps) or (max_events and total_events >= max_events)
+                )
+                if stop or (since_merge and (since_merge >= max(k, 1) or merge_due_t)):
+                    merge()
+                    snapshot_due = rounds - last_snapshot_round >= settings.snapshot_every_steps or snapshot_due_t
+                    if rounds > last_snapshot_round and (stop or snapshot_due):
+                        snapshot()
+                if has and rounds % settings.log_every_steps == 0:
+                    report()
                     bar.update(
-                        task, info=f"step {trainer.step} events {trainer.events} auc {summary['progressive_auc']:.4f}"
+                        task,
+                        info=f"step {trainer.step} events {total_events} auc {merged['progressive_auc']:.4f}",
                     )
-                due_steps = trainer.step - last_snapshot_step >= settings.snapshot_every_steps
-                due_time = time.monotonic() - last_snapshot_t >= settings.snapshot_every_s
-                if due_steps or due_time:
-                    snapshot()
-                if (max_steps and trainer.step >= max_steps) or (max_events and trainer.events >= max_events):
+                if stop:
                     break
-        if trainer.step > last_snapshot_step:
-            snapshot()
-        summary = trainer.metrics.summary()
-        rate = trainer.events / trainer.train_seconds if trainer.train_seconds else 0.0
-        publisher.log_metrics({**summary, "samples_per_s": rate}, trainer.step)
-        publisher.finish()
+        report()
+        if publisher is not None:
+            publisher.finish()
     except BaseException:
-        publisher.finish("FAILED")
+        if publisher is not None:
+            publisher.finish("FAILED")
         raise
     finally:
         source.close()
+        learn_log.close()
+    wall = time.perf_counter() - started
+    merge_bytes = int(sum(control.gather(trainer.bytes_sent)))
+    window = trainer.metrics.summary()
     return TrainSummary(
         steps=trainer.step,
-        events=trainer.events,
+        events=total_events,
         batches_built=batches_built,
-        progressive_auc=summary["progressive_auc"],
-        progressive_logloss=summary["progressive_logloss"],
-        window_auc=summary["window_auc"],
-        window_logloss=summary["window_logloss"],
+        progressive_auc=merged["progressive_auc"],
+        progressive_logloss=merged["progressive_logloss"],
+        window_auc=window["window_auc"],
+        window_logloss=window["window_logloss"],
         model_version=version,
         snapshot_path=str(snapshot_path) if snapshot_path else None,
-        samples_per_s=rate,
+        samples_per_s=(total_events - start_events) / wall if wall else 0.0,
+        workers=world,
+        merges=trainer.merges,
+        merge_bytes=merge_bytes,
+        resumed_from=str(resumed) if resumed else None,
     )

@@ -81,3 +81,25 @@ class ProgressiveMetrics:
             "window_logloss": logloss(labels, probs) if len(labels) else float("nan"),
             "events": float(self.count),
         }
+
+
+def merged_summary(metrics: ProgressiveMetrics) -> dict[str, float]:
+    """Cumulative progressive AUC / logloss over every replica's predictions (a collective: the
+    histograms and loss sums are all-reduced, so the figure is what one process scoring the whole
+    stream would report, to histogram resolution)."""
+    import torch
+    import torch.distributed as dist
+
+    merged = ProgressiveMetrics(window=1, bins=metrics.bins)
+    hist = torch.from_numpy(np.stack([metrics.pos_hist, metrics.neg_hist]))
+    sums = torch.tensor([metrics.loss_sum, float(metrics.count)], dtype=torch.float64)
+    if dist.is_initialized():
+        from trainer.merge import comm_device
+
+        hist, sums = hist.to(comm_device()), sums.to(comm_device())
+        dist.all_reduce(hist)
+        dist.all_reduce(sums)
+        hist, sums = hist.cpu(), sums.cpu()
+    merged.pos_hist, merged.neg_hist = hist[0].numpy(), hist[1].numpy()
+    merged.loss_sum, merged.count = float(sums[0]), int(sums[1])
+    return {"progressive_auc": merged.auc(), "progressive_logloss": merged.logloss(), "events": float(merged.count)}

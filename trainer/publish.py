@@ -14,7 +14,14 @@ log = logging.getLogger("adstream.trainer")
 
 
 class Publisher:
-    def __init__(self, settings: MlflowSettings, run_name: str | None = None, params: dict[str, object] | None = None):
+    def __init__(
+        self,
+        settings: MlflowSettings,
+        run_name: str | None = None,
+        params: dict[str, object] | None = None,
+        run_id: str | None = None,
+    ):
+        """A new run, or with run_id the run of a job resuming from its snapshot (params kept)."""
         import mlflow
         from mlflow import MlflowClient
 
@@ -30,6 +37,13 @@ class Publisher:
             raise TrainerError(
                 f"mlflow at {settings.tracking_uri}: unreachable ({type(exc).__name__}); start it with `adstream up`"
             ) from None
+        if run_id:
+            try:
+                self.run = self.client.get_run(run_id)
+                self.run_id = run_id
+                return
+            except Exception as exc:  # deleted, or another tracking server: start a new run
+                log.warning("mlflow run %s of the snapshot not found (%s); starting a new run", run_id, exc)
         self.run = self.client.create_run(experiment_id, run_name=run_name)
         self.run_id = self.run.info.run_id
         if params:

@@ -11,7 +11,8 @@ class TrainerSettings:
     batch_size: int = 1024  # events per train step (whole stream batches are never split)
     embed_dim: int = 8  # factor width per field
     hidden: tuple[int, ...] = (128, 64)  # MLP widths
-    lr: float = 0.001  # Adam learning rate of the dense network
+    lr: float = 0.001  # learning rate of the dense network
+    optimizer: str = "adam"  # "adam" (dense Adam + lazy sparse Adam) or "sgd" (plain SGD, for equivalence tests)
     sparse_lr: float = 0.01  # sparse Adam learning rate of the embedding rows
     seed: int = 0  # seeds the dense init and the embedding initializer
     device: str = "cpu"  # where the model and the device tier live: "cpu" or "cuda[:N]"
@@ -30,6 +31,12 @@ class TrainerSettings:
     log_every_steps: int = 20  # MLflow metrics every this many steps
     metrics_port: int = 0  # Prometheus endpoint; 0 = off
     threads: int = 0  # torch threads; 0 = torch's default
+    workers: int = 1  # replicas `adstream train` starts (one process each; torchrun sets its own)
+    merge_every_steps: int = 16  # k: replicas average parameters and Adam moments every k steps; 0 = sync data parallel
+    merge_every_s: float = 0.0  # also merge after this many seconds since the last merge; 0 = only every k steps
+    max_restarts: int = 3  # the supervisor of `--workers N` restarts the whole group this often after a crash
+    idle_s: float = 1.0  # a replica with no full batch after this long learns what it has (or reports idle)
+    learn_log: str = ""  # folder for per-replica audit logs of the (partition, offset) records learned; "" = off
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ class Manifest:
     metrics: dict[str, float] = field(default_factory=dict)
     created_ms: int = 0
     format: str = FORMAT
+    extra: dict[str, object] = field(default_factory=dict)  # e.g. the MLflow run and group size of the job
 
 
 @dataclass(frozen=True, eq=False)
@@ -72,10 +73,29 @@ def save_snapshot(
         },
         path / "embeddings.safetensors",
     )
+    for file in path.iterdir():  # the data is on disk before the manifest says the snapshot is complete
+        _fsync(file)
     tmp = path / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(asdict(manifest), indent=2, sort_keys=True))
+    _fsync(tmp)
     os.replace(tmp, path / MANIFEST)  # the manifest appears last and atomically
+    _fsync(path)
     return path
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def latest_snapshot(root: str | Path) -> Path | None:
+    """The newest complete snapshot (highest step with a manifest) under root, or None."""
+    folders = sorted(Path(root).glob("step-*")) if Path(root).is_dir() else []
+    complete = [f for f in folders if (f / MANIFEST).is_file()]
+    return complete[-1] if complete else None
 
 
 def read_manifest(path: str | Path) -> Manifest:

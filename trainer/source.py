@@ -1,8 +1,10 @@
 """BatchSource: reads Arrow batches from the batches topic and assembles training batches.
 
-Stream batches are never split, so the offsets recorded with a training batch say exactly which
-Kafka records it holds. Offsets are committed to Kafka only by `commit`, which the loop calls
-after the snapshot holding them is durable.
+Replica r of a group of N reads the partitions p with p % N == r (a fixed share, logged), from
+the offsets of the snapshot it resumed from, else the group's committed offsets, else the start.
+Stream batches are never split, so the (partition, offset) records of a training batch say
+exactly which Kafka records it holds. Offsets are committed to Kafka only by `commit`, which the
+loop calls after the snapshot holding them is durable.
 """
 
 from __future__ import annotations
@@ -21,12 +23,28 @@ from trainer.errors import TrainerError
 log = logging.getLogger("adstream.trainer")
 
 
+def partitions_of(rank: int, world: int, partitions: int) -> list[int]:
+    """The fixed share of the batches topic's partitions replica `rank` of `world` reads."""
+    return [p for p in range(partitions) if p % world == rank]
+
+
 class BatchSource:
-    def __init__(self, kafka: KafkaSettings, group_id: str, schema_hash: str) -> None:
-        from confluent_kafka import Consumer
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        group_id: str,
+        schema_hash: str,
+        rank: int = 0,
+        world: int = 1,
+        start_offsets: dict[int, int] | None = None,
+    ) -> None:
+        from confluent_kafka import OFFSET_STORED, Consumer, TopicPartition
+
+        from stream.topics import ensure_topics
 
         self.kafka = kafka
         self.schema_hash = schema_hash
+        ensure_topics(kafka)
         self.consumer = Consumer(
             {
                 "bootstrap.servers": kafka.bootstrap,
@@ -37,55 +55,72 @@ class BatchSource:
                 "max.partition.fetch.bytes": kafka.max_message_bytes,
             }
         )
-        self.consumer.subscribe([kafka.batches_topic], on_assign=self._on_assign)
+        topic = kafka.batches_topic
+        count = len(self.consumer.list_topics(topic, timeout=30).topics[topic].partitions)
+        self.partitions = partitions_of(rank, world, count)
+        if not self.partitions:
+            log.warning("replica %d of %d: %s has %d partitions, none for this replica", rank, world, topic, count)
+        starts = start_offsets or {}
+        self.consumer.assign([TopicPartition(topic, p, starts.get(p, OFFSET_STORED)) for p in self.partitions])
+        log.warning(
+            "replica %d of %d reads %s partitions %s from %s",
+            rank,
+            world,
+            topic,
+            self.partitions,
+            {p: starts.get(p, "committed") for p in self.partitions},
+        )
         self.position: dict[int, int] = {}  # partition -> next offset after what was handed out
         self.skipped = 0  # records that could not be decoded (logged, counted)
 
-    def _on_assign(self, consumer: object, partitions: list) -> None:  # type: ignore[type-arg]
-        log.info("trainer assigned %s", [(p.topic, p.partition) for p in partitions])
-
-    def batches(self, batch_size: int, idle_s: float = 1.0) -> Iterator[Batch | None]:
+    def batches(self, batch_size: int, idle_s: float = 1.0, first_wait_s: float = 10.0) -> Iterator[Batch | None]:
         """Yield training batches of >= batch_size events (or fewer after idle_s without data);
-        None when nothing arrived for idle_s (lets the loop check its stop conditions)."""
+        None when nothing arrived for idle_s (first_wait_s before the first record: the first
+        fetch is slow), which lets the loop check its stop conditions and keep its group in step."""
         parts: list[FeatureBatch] = []
+        records: list[tuple[int, int]] = []
         rows = 0
-        last_data = time.monotonic()
+        last_data = time.monotonic() + max(first_wait_s - idle_s, 0.0)
         while True:
-            messages = self.consumer.consume(256, timeout=0.2)
+            messages = self.consumer.consume(256, timeout=0.1)
             for message in messages:
                 if message.error():
                     raise TrainerError(f"kafka consumer on {self.kafka.batches_topic}: {message.error()}")
-                self.position[message.partition() or 0] = (message.offset() or 0) + 1
+                partition, offset = message.partition() or 0, message.offset() or 0
+                self.position[partition] = offset + 1
                 try:
                     part = decode_batch(message.value() or b"")
                 except StreamError as exc:
                     self.skipped += 1
-                    log.error("skipping batch at %s:%s: %s", message.partition(), message.offset(), exc)
+                    log.error("skipping batch at %s:%s: %s", partition, offset, exc)
                     continue
                 if part.schema_hash != self.schema_hash:
                     self.skipped += 1
                     log.error("skipping batch with schema %s (expected %s)", part.schema_hash, self.schema_hash)
                     continue
                 parts.append(part)
+                records.append((partition, offset))
                 rows += len(part)
                 if rows >= batch_size:
-                    yield batch_from_features(parts, self.position)
-                    parts, rows = [], 0
+                    yield batch_from_features(parts, self.position, tuple(records))
+                    parts, records, rows = [], [], 0
             if messages:
                 last_data = time.monotonic()
             elif time.monotonic() - last_data >= idle_s:
                 if parts:
-                    yield batch_from_features(parts, self.position)
-                    parts, rows = [], 0
+                    yield batch_from_features(parts, self.position, tuple(records))
+                    parts, records, rows = [], [], 0
                 else:
                     yield None
                 last_data = time.monotonic()
 
     def commit(self, offsets: dict[int, int]) -> None:
+        """Commit this replica's share of `offsets` (partition -> next offset) to the group."""
         from confluent_kafka import TopicPartition
 
-        if offsets:
-            tps = [TopicPartition(self.kafka.batches_topic, p, o) for p, o in offsets.items()]
+        mine = {p: o for p, o in offsets.items() if p in self.partitions}
+        if mine:
+            tps = [TopicPartition(self.kafka.batches_topic, p, o) for p, o in mine.items()]
             self.consumer.commit(offsets=tps, asynchronous=False)
 
     def close(self) -> None:

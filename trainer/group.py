@@ -1,0 +1,151 @@
+"""Process groups of trainer replicas: join one, start one on this machine, supervise one.
+
+A replica learns its rank and the group from the torchrun environment (RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT, LOCAL_RANK), so the same `adstream train` runs under torchrun on
+several machines and under `adstream train --workers N`, whose supervisor sets that environment
+for N local processes and restarts the whole group when one dies (a dead peer leaves the others
+blocked in a collective, so they are stopped too); the restarted group resumes from the newest
+complete snapshot. Backend: NCCL on CUDA, gloo on CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainer.errors import TrainerError
+
+log = logging.getLogger("adstream.trainer")
+COLLECTIVE_TIMEOUT = timedelta(minutes=5)  # a peer silent this long fails the collective (and the replica)
+
+
+def backend_for(device: str) -> str:
+    return "nccl" if device.startswith("cuda") else "gloo"
+
+
+def join_group(device: str = "cpu") -> tuple[int, int]:
+    """Join the group the environment describes; (rank, world). A lone process is (0, 1), no group."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1
+    rank = int(os.environ["RANK"])
+    if not dist.is_initialized():
+        if device.startswith("cuda"):
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % max(torch.cuda.device_count(), 1))
+        dist.init_process_group(backend_for(device), timeout=COLLECTIVE_TIMEOUT)
+    log.info("replica %d of %d joined (%s)", rank, world, dist.get_backend())
+    return rank, world
+
+
+def leave_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def group_env(rank: int, world: int, port: int) -> dict[str, str]:
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+
+
+def _entry(fn: Callable[..., Any], rank: int, world: int, port: int, device: str, queue: Any, args: tuple) -> None:
+    os.environ.update(group_env(rank, world, port))
+    try:
+        join_group(device)
+        queue.put((rank, None, fn(*args)))
+    except BaseException:
+        queue.put((rank, traceback.format_exc(), None))
+        raise
+    finally:
+        leave_group()
+
+
+def launch_local(fn: Callable[..., Any], world: int, *args: Any, device: str = "cpu", timeout_s: float = 600) -> list:
+    """Run fn(*args) in `world` fresh processes that form one group; their return values by rank.
+    fn must be importable (a module-level function): the processes are spawned, not forked."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(fn, r, world, port, device, queue, args)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(results) < world:
+            try:
+                rank, error, value = queue.get(timeout=max(deadline - time.monotonic(), 0.1))
+            except Exception:
+                raise TrainerError(f"launch_local: {world - len(results)} replicas silent after {timeout_s}s") from None
+            if error:
+                raise TrainerError(f"replica {rank} failed:\n{error}")
+            results[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    return [results[r] for r in range(world)]
+
+
+def supervise(argv: Sequence[str], workers: int, max_restarts: int, poll_s: float = 0.5) -> int:
+    """Run `adstream <argv>` as `workers` replicas; restart all of them (up to max_restarts times)
+    when one exits with an error or is killed. Returns the group's exit code (0: every replica done)."""
+    attempt = 0
+    while True:
+        port = free_port()
+        procs = []
+        for rank in range(workers):
+            env = {**os.environ, **group_env(rank, workers, port), "ADSTREAM_ATTEMPT": str(attempt)}
+            out = None if rank == 0 else subprocess.DEVNULL  # rank 0 prints the job's summary
+            procs.append(subprocess.Popen([sys.executable, "-m", "adstream.cli", *argv], env=env, stdout=out))
+        log.warning("supervisor: attempt %d, replicas %s", attempt, [p.pid for p in procs])
+        failed = None
+        while failed is None and any(p.poll() is None for p in procs):
+            failed = next((p for p in procs if p.poll() not in (None, 0)), None)
+            time.sleep(poll_s)
+        if failed is None:
+            failed = next((p for p in procs if p.returncode != 0), None)
+        if failed is None:
+            return 0
+        for p in procs:  # the others are stuck in a collective with the dead one
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        log.warning("supervisor: replica pid %d exited with %s", failed.pid, failed.returncode)
+        if failed.returncode == 2:  # a configuration or input error: a restart would fail the same way
+            return 2
+        if attempt >= max_restarts:
+            return 1
+        attempt += 1
+        print(f"supervisor: replica {failed.pid} exited ({failed.returncode}); restart {attempt}", file=sys.stderr)

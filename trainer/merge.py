@@ -1,0 +1,185 @@
+"""Replica merging over torch.distributed: the collectives behind k-step averaging and the
+synchronous data-parallel baseline. Every function is a collective: all ranks call it together.
+
+k-step merging (Baidu's ads trainers): each replica runs Adam locally; every k steps
+  - dense: every parameter and Adam's exp_avg / exp_avg_sq are averaged over the replicas
+    (all-reduce, bucketed into a few large messages); step counts are set to the maximum;
+  - sparse: the ids each replica wrote since the last merge are gathered into their union U;
+    every replica sends, for each id of U, its stored row [vector | exp_avg | exp_avg_sq] and a
+    1 if it holds the row (0 and zeros if not); the sums divided by the holder counts are the
+    merged rows, written back into every replica's store. Only rows of U travel.
+Averaging over *holders* keeps a row new on one replica as that replica learned it (not halved
+towards its initial value) and leaves out a replica that expired the row.
+
+Synchronous data parallel (k = 0): gradients are averaged before each step instead: dense
+gradients over all replicas; a row's gradient over the replicas that hold the row or touched it
+in this step, the same holders rule as the merge, so with plain SGD a merge after every step
+equals synchronous training exactly (tests/test_merge.py pins this).
+
+Bytes are what this rank puts on the wire as payload (ids and rows, not protocol overhead).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from store.table import EmbeddingTable
+
+BUCKET_BYTES = 16 << 20  # dense all-reduce message size: few large messages, bounded extra memory
+
+
+@dataclass(frozen=True)
+class MergeStats:
+    dense_bytes: int  # payload this rank sent for the dense part
+    sparse_bytes: int  # payload this rank sent for ids and rows
+    rows: int  # rows in the union that was averaged
+    seconds: float
+
+    @property
+    def bytes(self) -> int:
+        return self.dense_bytes + self.sparse_bytes
+
+
+def comm_device() -> torch.device:
+    """Where collective buffers live: the GPU for NCCL, the host for gloo."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def ensure_adam_state(optimizer: torch.optim.Optimizer) -> None:
+    """Give every parameter Adam state (zeros, step 0) so replicas that have not stepped yet can merge."""
+    if not isinstance(optimizer, torch.optim.Adam):
+        return
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state[p]
+            if not state:
+                state["step"] = torch.tensor(0.0)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
+def dense_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """What a dense merge averages: every parameter, then Adam's moments (none for SGD)."""
+    ensure_adam_state(optimizer)
+    tensors = [p.data for p in model.parameters()]
+    if isinstance(optimizer, torch.optim.Adam):
+        for p in model.parameters():
+            tensors += [optimizer.state[p]["exp_avg"], optimizer.state[p]["exp_avg_sq"]]
+    return tensors
+
+
+def average_tensors(tensors: Sequence[torch.Tensor], bucket_bytes: int = BUCKET_BYTES) -> int:
+    """Average tensors in place over all ranks, bucketed by size; returns payload bytes sent."""
+    world, device, sent = dist.get_world_size(), comm_device(), 0
+    bucket: list[torch.Tensor] = []
+    size = 0
+
+    def flush() -> None:
+        nonlocal bucket, size, sent
+        if not bucket:
+            return
+        flat = torch.cat([t.detach().reshape(-1).float() for t in bucket]).to(device)
+        dist.all_reduce(flat)
+        flat /= world
+        sent += flat.numel() * flat.element_size()
+        offset = 0
+        for t in bucket:
+            t.copy_(flat[offset : offset + t.numel()].view_as(t))
+            offset += t.numel()
+        bucket, size = [], 0
+
+    for t in tensors:
+        bucket.append(t)
+        size += t.numel() * 4
+        if size >= bucket_bytes:
+            flush()
+    flush()
+    return sent
+
+
+def max_step(step: int) -> int:
+    """The largest step count over the ranks (replicas that had no data in some rounds lag)."""
+    t = torch.tensor([step], dtype=torch.int64, device=comm_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def set_adam_steps(optimizer: torch.optim.Optimizer, step: int) -> None:
+    if isinstance(optimizer, torch.optim.Adam):
+        for state in optimizer.state.values():
+            if "step" in state:
+                state["step"] = torch.tensor(float(step), dtype=state["step"].dtype, device=state["step"].device)
+
+
+def average_dense(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Dense half of a merge: parameters and Adam moments averaged in place; returns bytes sent."""
+    return average_tensors(dense_tensors(model, optimizer))
+
+
+def union_ids(ids: np.ndarray) -> tuple[np.ndarray, int]:
+    """Sorted union over the ranks of each rank's int64 ids; returns (union, bytes sent)."""
+    device, world = comm_device(), dist.get_world_size()
+    length = torch.tensor([len(ids)], dtype=torch.int64, device=device)
+    lengths = [torch.zeros_like(length) for _ in range(world)]
+    dist.all_gather(lengths, length)
+    longest = max(int(n.item()) for n in lengths)
+    if longest == 0:
+        return np.zeros(0, dtype=np.int64), 8
+    padded = torch.zeros(longest, dtype=torch.int64, device=device)
+    padded[: len(ids)] = torch.from_numpy(ids).to(device)
+    gathered = [torch.zeros_like(padded) for _ in range(world)]
+    dist.all_gather(gathered, padded)
+    parts = [g[: int(n.item())].cpu().numpy() for g, n in zip(gathered, lengths)]
+    return np.unique(np.concatenate(parts)), 8 + 8 * longest
+
+
+def average_rows(table: EmbeddingTable, touched: np.ndarray, step: int) -> tuple[int, int]:
+    """Sparse half of a merge: rows written on any rank since the last merge, averaged over the
+    ranks that hold them, written back everywhere. Returns (rows merged, bytes sent)."""
+    union, sent = union_ids(touched)
+    if len(union) == 0:
+        return 0, sent
+    rows, held = table.stored_rows(union)  # (u, W), (u,)
+    payload = torch.cat([rows * torch.from_numpy(held).unsqueeze(1), torch.from_numpy(held).float().unsqueeze(1)], 1)
+    payload = payload.to(comm_device())
+    dist.all_reduce(payload)
+    sent += payload.numel() * payload.element_size()
+    merged = (payload[:, :-1] / payload[:, -1:]).cpu()  # every id of the union has >= 1 holder: its writer
+    table.put(union, merged, step)
+    return len(union), sent
+
+
+def average_grads(model: torch.nn.Module) -> int:
+    """Synchronous data parallel, dense: every .grad averaged over the ranks (None counts as zeros)."""
+    for p in model.parameters():
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    return average_tensors([p.grad for p in model.parameters() if p.grad is not None])
+
+
+def average_row_grads(
+    table: EmbeddingTable, ids: np.ndarray, grad: torch.Tensor
+) -> tuple[np.ndarray, torch.Tensor, int]:
+    """Synchronous data parallel, sparse: this rank's (ids (n,), grad (n, dim)) -> the union of
+    ids over the ranks and each row's gradient averaged over the ranks that hold or touched it.
+    Returns (union (u,), grad (u, dim), bytes sent)."""
+    union, sent = union_ids(ids)
+    if len(union) == 0:
+        return union, torch.zeros((0, table.dim)), sent
+    where = np.searchsorted(union, ids)
+    _, held = table.stored_rows(union)
+    held[where] = True  # touching a row now makes this rank one of its holders
+    payload = torch.zeros((len(union), table.dim + 1))
+    payload[torch.from_numpy(where), : table.dim] = grad.detach().cpu()
+    payload[:, -1] = torch.from_numpy(held).float()
+    payload = payload.to(comm_device())
+    dist.all_reduce(payload)
+    sent += payload.numel() * payload.element_size()
+    return union, (payload[:, :-1] / payload[:, -1:]).cpu(), sent

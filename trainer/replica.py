@@ -1,0 +1,223 @@
+"""Trainer: one replica of the model. Dense DeepFM + Adam (or SGD), embedding rows in the store,
+progressive metrics, and the state a snapshot needs (step, events, Kafka offsets).
+
+Alone (no process group) it just learns. In a group of N replicas (trainer/group.py) it either
+learns locally and merges every k steps (`learn` + `merge`), or, with k = 0, takes synchronous
+data-parallel steps (`learn_sync`). Both paths are collectives in merge.py; this class only
+keeps the counters.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from prometheus_client import Counter
+
+from store.hierarchy import HierarchyConfig, TieredStore
+from store.ram import RamTier
+from store.table import EmbeddingTable, TableConfig
+from store.tier import Tier
+from stream.schema import Schema
+from trainer.batch import Batch
+from trainer.errors import TrainerError
+from trainer.merge import (
+    MergeStats,
+    average_dense,
+    average_grads,
+    average_row_grads,
+    average_rows,
+    max_step,
+    set_adam_steps,
+)
+from trainer.metrics import ProgressiveMetrics
+from trainer.model import DeepFM, ModelConfig
+from trainer.settings import TrainerSettings
+from trainer.snapshot import Manifest, load_optimizer_state, load_snapshot, save_snapshot
+from trainer.step import StepResult, forward, train_step
+
+STEPS = Counter("adstream_trainer_steps_total", "train steps")
+SAMPLES = Counter("adstream_trainer_samples_total", "events learned")
+MERGES = Counter("adstream_trainer_merges_total", "replica merges")
+MERGE_BYTES = Counter("adstream_trainer_merge_bytes_total", "payload bytes this replica sent to merge or sync")
+
+
+def store_path(settings: TrainerSettings, rank: int = 0) -> str:
+    """The RocksDB folder of replica `rank` (store = "tiered")."""
+    return settings.store_path if rank == 0 else f"{settings.store_path}-rank{rank}"
+
+
+def make_tier(settings: TrainerSettings, width: int, rank: int = 0) -> Tier:
+    """The embedding store the settings ask for (each replica of a group gets its own RocksDB folder)."""
+    if settings.store == "ram":
+        return RamTier(width, settings.ram_bytes)
+    if settings.store == "tiered":
+        config = HierarchyConfig(
+            device_bytes=settings.device_bytes,
+            ram_bytes=settings.ram_bytes,
+            disk_bytes=settings.disk_bytes,
+            path=store_path(settings, rank),
+            device=settings.device,
+            policy=settings.eviction,
+            ttl_steps=settings.ttl_steps,
+        )
+        return TieredStore(width, config)
+    raise TrainerError(f"trainer.store={settings.store!r}; use 'ram' or 'tiered'")
+
+
+def make_optimizer(model: DeepFM, settings: TrainerSettings) -> torch.optim.Optimizer:
+    if settings.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=settings.lr)
+    if settings.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=settings.lr)
+    raise TrainerError(f"trainer.optimizer={settings.optimizer!r}; use 'adam' or 'sgd'")
+
+
+class Trainer:
+    def __init__(self, schema: Schema, settings: TrainerSettings) -> None:
+        if settings.threads:
+            torch.set_num_threads(settings.threads)
+        self.schema = schema
+        self.settings = settings
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.model_config = ModelConfig(
+            schema.num_sparse, schema.num_dense, settings.embed_dim, tuple(settings.hidden), settings.seed
+        )
+        self.device = torch.device(settings.device)
+        self.model = DeepFM(self.model_config).to(self.device)
+        self.optimizer = make_optimizer(self.model, settings)
+        self.table_config = TableConfig(
+            dim=self.model_config.row_dim,
+            seed=settings.seed,
+            lr=settings.sparse_lr,
+            min_count=settings.min_count,
+            optimizer=settings.optimizer,
+        )
+        self.table = EmbeddingTable(make_tier(settings, 3 * self.table_config.dim, self.rank), self.table_config)
+        self.metrics = ProgressiveMetrics(window=settings.metrics_window)
+        self.step = 0
+        self.events = 0
+        self.offsets: dict[int, int] = {}  # partition -> next offset to consume, for the partitions learned here
+        self.train_seconds = 0.0  # time spent learning (not merging), for samples/s
+        self.merge_seconds = 0.0
+        self.bytes_sent = 0  # merge / sync payload this replica sent
+        self.merges = 0
+
+    def _record(self, batch: Batch, probs: np.ndarray, started: float) -> None:
+        self.metrics.update(batch.labels.numpy(), probs)
+        self.events += len(batch)
+        self.offsets.update(batch.source_offsets)
+        STEPS.inc()
+        SAMPLES.inc(len(batch))
+        self.train_seconds += time.perf_counter() - started
+
+    def learn(self, batch: Batch) -> StepResult:
+        """One local step (score first, then learn); merges are separate (`merge`)."""
+        started = time.perf_counter()
+        self.step += 1
+        result = train_step(self.model, self.optimizer, self.table, batch.to(self.device), self.step)
+        self._record(batch, result.probs, started)
+        return result
+
+    def merge(self) -> MergeStats:
+        """Average dense parameters, Adam moments and the rows touched since the last merge over
+        the group (a collective: every replica calls it at the same round)."""
+        started = time.perf_counter()
+        if self.world == 1:
+            self.table.take_touched()
+            return MergeStats(0, 0, 0, 0.0)
+        self.step = max_step(self.step)
+        set_adam_steps(self.optimizer, self.step)
+        dense_bytes = average_dense(self.model, self.optimizer)
+        rows, sparse_bytes = average_rows(self.table, self.table.take_touched(), self.step)
+        stats = MergeStats(dense_bytes, sparse_bytes, rows, time.perf_counter() - started)
+        self._count(stats)
+        return stats
+
+    def learn_sync(self, batch: Batch | None) -> MergeStats:
+        """Synchronous data parallel: one step with gradients averaged over the group before the
+        update. A replica without a batch this round contributes zero gradients. Collective."""
+        started = time.perf_counter()
+        self.step += 1
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        ids, grad, probs = np.zeros(0, dtype=np.int64), torch.zeros((0, self.table.dim)), None
+        if batch is not None:
+            batch = batch.to(self.device)
+            logits, lookup, leaf = forward(self.model, self.table, batch)
+            F.binary_cross_entropy_with_logits(logits, batch.labels).backward()
+            assert leaf.grad is not None
+            keep = lookup.admitted
+            ids, grad = lookup.unique_ids[keep], leaf.grad[torch.from_numpy(keep).to(leaf.device)]
+            self.table.count_sightings(lookup)
+            probs = torch.sigmoid(logits.detach()).cpu().numpy()
+        comm_started = time.perf_counter()
+        dense_bytes = average_grads(self.model)
+        self.optimizer.step()
+        union, avg_grad, sparse_bytes = average_row_grads(self.table, ids, grad)
+        self.table.apply_grad(union, avg_grad, self.step)
+        stats = MergeStats(dense_bytes, sparse_bytes, len(union), time.perf_counter() - comm_started)
+        self._count(stats, merge=False)
+        if batch is not None and probs is not None:
+            self._record(batch, probs, started)
+        return stats
+
+    def _count(self, stats: MergeStats, merge: bool = True) -> None:
+        self.merge_seconds += stats.seconds
+        self.bytes_sent += stats.bytes
+        MERGE_BYTES.inc(stats.bytes)
+        if merge:
+            self.merges += 1
+            MERGES.inc()
+
+    # --- snapshots ------------------------------------------------------------------------
+    def manifest(
+        self, offsets: dict[int, int] | None = None, extra: dict[str, object] | None = None, events: int | None = None
+    ) -> Manifest:
+        offsets = self.offsets if offsets is None else offsets
+        return Manifest(
+            schema_name=self.schema.name,
+            schema_hash=self.schema.hash,
+            model=self.model_config.to_dict(),
+            table=asdict(self.table_config),
+            step=self.step,
+            events=self.events if events is None else events,
+            offsets={str(p): o for p, o in sorted(offsets.items())},
+            metrics=self.metrics.summary(),
+            created_ms=int(time.time() * 1000),
+            extra=dict(extra or {}),
+        )
+
+    def save(
+        self,
+        root: str | Path,
+        offsets: dict[int, int] | None = None,
+        extra: dict[str, object] | None = None,
+        events: int | None = None,
+    ) -> Path:
+        """Write a snapshot under root/step-NNNNNNNNN (see snapshot.py); offsets and events default
+        to this replica's (a group passes every replica's offsets and the job's total events)."""
+        return save_snapshot(
+            Path(root) / f"step-{self.step:09d}",
+            self.manifest(offsets, extra, events),
+            self.model,
+            self.table,
+            self.optimizer,
+        )
+
+    def restore(self, path: str | Path) -> Manifest:
+        """Continue from a snapshot: dense weights, optimizer state, every row, step, events, offsets.
+        The store should be empty (a fresh replica)."""
+        snapshot = load_snapshot(path, self.table)
+        self.model.load_state_dict(snapshot.model.state_dict())
+        load_optimizer_state(path, self.optimizer)
+        self.step = snapshot.manifest.step
+        self.events = snapshot.manifest.events
+        self.offsets = {int(p): o for p, o in snapshot.manifest.offsets.items()}
+        return snapshot.manifest
