@@ -202,6 +202,10 @@ def cmd_bench(args: argparse.Namespace) -> None:
         from bench.store import run_store_bench
 
         result = run_store_bench(ids=args.ids, batches=args.batches, device=args.device)
+    elif args.which == "merge":
+        from bench.merge import run_merge_bench
+
+        result = run_merge_bench(events=args.events, criteo_dir=args.criteo)
     else:
         result = run_pipeline_bench(_config(args), events=args.events, criteo_dir=args.criteo)
     text = json.dumps(result, indent=2)
@@ -298,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("bench", help="benchmarks printing JSON (not tests)")
-    p.add_argument("which", choices=["pipeline", "store"])
+    p.add_argument("which", choices=["pipeline", "store", "merge"])
     stack_flags(p)
     p.add_argument("--events", type=int, default=100_000, help="synthetic events per stage")
     p.add_argument("--criteo", default="../shared/data/criteo", help="folder of real Criteo TSV files")

@@ -50,7 +50,13 @@ def join_group(device: str = "cpu") -> tuple[int, int]:
 
 
 def leave_group() -> None:
+    """Leave together: a rank that tears the group down while a peer still uses it (rank 0 hosts
+    the rendezvous store) can abort the peer's exit."""
     if dist.is_initialized():
+        try:
+            dist.barrier()
+        except RuntimeError:  # a peer is already gone (a crash); nothing to wait for
+            pass
         dist.destroy_process_group()
 
 
@@ -143,8 +149,6 @@ def supervise(argv: Sequence[str], workers: int, max_restarts: int, poll_s: floa
                 p.kill()
                 p.wait()
         log.warning("supervisor: replica pid %d exited with %s", failed.pid, failed.returncode)
-        if failed.returncode == 2:  # a configuration or input error: a restart would fail the same way
-            return 2
         if attempt >= max_restarts:
             return 1
         attempt += 1

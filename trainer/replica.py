@@ -140,9 +140,10 @@ class Trainer:
         self._count(stats)
         return stats
 
-    def learn_sync(self, batch: Batch | None) -> MergeStats:
+    def learn_sync(self, batch: Batch | None) -> tuple[np.ndarray | None, MergeStats]:
         """Synchronous data parallel: one step with gradients averaged over the group before the
-        update. A replica without a batch this round contributes zero gradients. Collective."""
+        update. A replica without a batch this round contributes zero gradients. Collective.
+        Returns this replica's predictions (B,) made before the update (None without a batch)."""
         started = time.perf_counter()
         self.step += 1
         self.model.train()
@@ -166,7 +167,7 @@ class Trainer:
         self._count(stats, merge=False)
         if batch is not None and probs is not None:
             self._record(batch, probs, started)
-        return stats
+        return probs, stats
 
     def _count(self, stats: MergeStats, merge: bool = True) -> None:
         self.merge_seconds += stats.seconds

@@ -38,7 +38,7 @@ class BatchSource:
         world: int = 1,
         start_offsets: dict[int, int] | None = None,
     ) -> None:
-        from confluent_kafka import OFFSET_STORED, Consumer, TopicPartition
+        from confluent_kafka import Consumer, TopicPartition
 
         from stream.topics import ensure_topics
 
@@ -60,20 +60,44 @@ class BatchSource:
         self.partitions = partitions_of(rank, world, count)
         if not self.partitions:
             log.warning("replica %d of %d: %s has %d partitions, none for this replica", rank, world, topic, count)
-        starts = start_offsets or {}
-        self.consumer.assign([TopicPartition(topic, p, starts.get(p, OFFSET_STORED)) for p in self.partitions])
+        starts = dict(start_offsets or {})
+        missing = [p for p in self.partitions if p not in starts]
+        if missing:
+            starts.update(self._committed(missing))
+        self.consumer.assign([TopicPartition(topic, p, starts[p]) for p in self.partitions])
         log.warning(
             "replica %d of %d reads %s partitions %s from %s",
             rank,
             world,
             topic,
             self.partitions,
-            {p: starts.get(p, "committed") for p in self.partitions},
+            {p: starts[p] if starts[p] >= 0 else "start" for p in self.partitions},
         )
         self.position: dict[int, int] = {}  # partition -> next offset after what was handed out
         self.skipped = 0  # records that could not be decoded (logged, counted)
 
-    def batches(self, batch_size: int, idle_s: float = 1.0, first_wait_s: float = 10.0) -> Iterator[Batch | None]:
+    def _committed(self, partitions: list[int], timeout_s: float = 60.0) -> dict[int, int]:
+        """The group's committed offsets (OFFSET_BEGINNING where none), retried while the broker
+        is still electing the group's coordinator (NOT_COORDINATOR right after a group is new)."""
+        from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                tps = self.consumer.committed(
+                    [TopicPartition(self.kafka.batches_topic, p) for p in partitions], timeout=10
+                )
+                return {tp.partition: tp.offset if tp.offset >= 0 else OFFSET_BEGINNING for tp in tps}
+            except KafkaException as exc:
+                if time.monotonic() > deadline:
+                    raise TrainerError(
+                        f"kafka at {self.kafka.bootstrap}: committed offsets of {self.kafka.batches_topic} "
+                        f"unavailable after {timeout_s:.0f}s ({exc})"
+                    ) from None
+                log.warning("committed offsets not available yet (%s); retrying", exc)
+                time.sleep(0.5)
+
+    def batches(self, batch_size: int, idle_s: float = 1.0, first_wait_s: float = 30.0) -> Iterator[Batch | None]:
         """Yield training batches of >= batch_size events (or fewer after idle_s without data);
         None when nothing arrived for idle_s (first_wait_s before the first record: the first
         fetch is slow), which lets the loop check its stop conditions and keep its group in step."""
@@ -84,8 +108,12 @@ class BatchSource:
         while True:
             messages = self.consumer.consume(256, timeout=0.1)
             for message in messages:
-                if message.error():
-                    raise TrainerError(f"kafka consumer on {self.kafka.batches_topic}: {message.error()}")
+                error = message.error()
+                if error is not None:
+                    if error.fatal():
+                        raise TrainerError(f"kafka consumer on {self.kafka.batches_topic}: {error}")
+                    log.warning("kafka consumer on %s: %s (retrying)", self.kafka.batches_topic, error)
+                    continue
                 partition, offset = message.partition() or 0, message.offset() or 0
                 self.position[partition] = offset + 1
                 try:

@@ -1,0 +1,182 @@
+"""`adstream bench merge`: k-step merging against synchronous data parallel, in one run.
+
+For each dataset (the synthetic stream, whose true click probabilities are known, and the real
+Criteo rows), workers in {1, 2, 4} x k in {1, 4, 16, 64}, plus a synchronous data-parallel run
+(gradient all-reduce every step, reported as k = 0) per worker count. The stream is dealt out
+round-robin, batch i to replica i mod N (as partitions are), and every replica scores each batch
+before learning it; AUC and logloss are over all replicas' predictions. One worker has nothing to
+merge, so it runs once per mode (k = 1 and k = 0).
+
+Bytes are the payload all replicas sent (dense all-reduce, ids, rows); wall seconds exclude
+process start-up.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rich.progress import Progress
+
+from bench.pipeline import REAL_BATCH, REAL_SETTINGS
+from stream.featurize import featurize_records
+from stream.records import FeatureBatch, RawRecord
+from stream.replay import criteo_records, synthetic_records
+from stream.schema import load_schema
+from stream.synthetic import SyntheticCriteo
+from trainer.batch import Batch
+from trainer.group import launch_local
+from trainer.metrics import auc_exact, logloss
+from trainer.settings import TrainerSettings
+
+WORKERS = (1, 2, 4)
+KS = (1, 4, 16, 64)
+
+
+def _features(records: Any, schema_name: str) -> list[FeatureBatch]:
+    schema = load_schema(schema_name)
+    out = []
+    for i, (_, value, reason, _) in enumerate(records):
+        if reason is None:
+            batch, _ = featurize_records([RawRecord(0, i, value)], schema)
+            if len(batch):
+                out.append(batch)
+    return out
+
+
+def _save(batches: list[FeatureBatch], path: Path) -> None:
+    np.savez(
+        path,
+        ids=np.concatenate([b.ids for b in batches]),
+        dense=np.concatenate([b.dense for b in batches]),
+        labels=np.concatenate([b.labels for b in batches]),
+        sizes=np.array([len(b) for b in batches]),
+    )
+
+
+def _replica(data: str, settings: dict[str, Any], k: int, schema_name: str) -> dict[str, Any]:
+    """One replica of a bench run (spawned): learn its share of the batches, merge every k rounds."""
+    import torch.distributed as dist
+
+    from trainer.replica import Trainer
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    arrays = np.load(data)
+    bounds = np.concatenate([[0], np.cumsum(arrays["sizes"])])
+    trainer = Trainer(load_schema(schema_name), TrainerSettings(**settings))
+    labels, probs = [], []
+    rounds = len(arrays["sizes"]) // world  # every replica gets the same number of batches
+    dist.barrier()
+    started = time.perf_counter()
+    for j in range(rounds):
+        lo, hi = bounds[j * world + rank], bounds[j * world + rank + 1]
+        batch = Batch(
+            torch.from_numpy(arrays["labels"][lo:hi]),
+            torch.from_numpy(arrays["dense"][lo:hi]),
+            arrays["ids"][lo:hi],
+        )
+        if k == 0:
+            prob, _ = trainer.learn_sync(batch)
+        else:
+            prob = trainer.learn(batch).probs
+            if (j + 1) % k == 0 or j == rounds - 1:
+                trainer.merge()
+        labels.append(batch.labels.numpy())
+        probs.append(prob)
+    dist.barrier()
+    return {
+        "labels": np.concatenate(labels),
+        "probs": np.concatenate(probs),
+        "bytes": trainer.bytes_sent,
+        "wall_s": time.perf_counter() - started,
+    }
+
+
+def _run(data: Path, settings: TrainerSettings, workers: int, k: int, schema_name: str) -> dict[str, Any]:
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    config = asdict(replace(settings, threads=threads, merge_every_steps=k))
+    replicas = launch_local(_replica, workers, str(data), config, k, schema_name)
+    labels = np.concatenate([r["labels"] for r in replicas])
+    probs = np.concatenate([r["probs"] for r in replicas])
+    wall = max(r["wall_s"] for r in replicas)
+    return {
+        "workers": workers,
+        "k": k,
+        "auc": auc_exact(labels, probs),
+        "logloss": logloss(labels, probs),
+        "bytes": int(sum(r["bytes"] for r in replicas)),
+        "wall_s": wall,
+        "samples_per_s": len(labels) / wall,
+        "events": int(len(labels)),
+    }
+
+
+def _checks(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The issue's targets per dataset and worker count: k=16 vs k=1 and vs synchronous."""
+    out = []
+    for dataset in sorted({r["dataset"] for r in runs}):
+        for workers in (2, 4):
+            by_k = {r["k"]: r for r in runs if r["dataset"] == dataset and r["workers"] == workers}
+            if not {0, 1, 16} <= by_k.keys():
+                continue
+            k1, k16, sync = by_k[1], by_k[16], by_k[0]
+            out.append(
+                {
+                    "dataset": dataset,
+                    "workers": workers,
+                    "auc_k16_minus_k1": k16["auc"] - k1["auc"],
+                    "auc_k16_minus_sync": k16["auc"] - sync["auc"],
+                    "bytes_k1_over_k16": k1["bytes"] / max(k16["bytes"], 1),
+                    "within_0.002_of_k1": abs(k16["auc"] - k1["auc"]) <= 0.002,
+                    "within_0.002_of_sync": abs(k16["auc"] - sync["auc"]) <= 0.002,
+                    "bytes_cut_at_least_12x": k1["bytes"] >= 12 * k16["bytes"],
+                }
+            )
+    return out
+
+
+def run_merge_bench(
+    events: int = 100_000,
+    criteo_dir: str = "../shared/data/criteo",
+    batch_size: int = 256,
+    workers: tuple[int, ...] = WORKERS,
+    ks: tuple[int, ...] = KS,
+    progress: bool = True,
+) -> dict[str, Any]:
+    schema = load_schema("criteo")
+    datasets: list[tuple[str, list[FeatureBatch], TrainerSettings]] = []
+    synthetic, _ = SyntheticCriteo(schema).generate(events)
+    base = TrainerSettings()
+    datasets.append(
+        ("synthetic", _features(synthetic_records(synthetic, schema, bundle=batch_size, fmt="arrow"), "criteo"), base)
+    )
+    files = sorted(Path(criteo_dir).glob("*.txt"), key=lambda p: (not p.name.startswith("autoint"), p.name))
+    if files:
+        real = _features(criteo_records(files, schema, bundle=REAL_BATCH, fmt="arrow"), "criteo")
+        datasets.append(("criteo", real, replace(base, **REAL_SETTINGS)))
+    plan = [(w, k) for w in workers for k in ((1, 0) if w == 1 else (*ks, 0))]
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp, Progress(disable=not progress) as bar:
+        task = bar.add_task("bench merge", total=len(plan) * len(datasets))
+        for name, batches, settings in datasets:
+            data = Path(tmp) / f"{name}.npz"
+            _save(batches, data)
+            for w, k in plan:
+                runs.append({"dataset": name, **_run(data, settings, w, k, "criteo")})
+                bar.update(task, advance=1, description=f"{name} workers={w} k={k}")
+    return {
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "synthetic_events": events,
+        "synthetic_batch_size": batch_size,
+        "criteo_batch_size": REAL_BATCH,
+        "note": "k=0 is synchronous data parallel; one worker runs k=1 (nothing to merge) and k=0",
+        "runs": runs,
+        "checks": _checks(runs),
+    }

@@ -1,0 +1,137 @@
+"""A 2-replica training job on the real broker and MLflow server, SIGKILLed and restarted by its
+supervisor: every produced record is learned, nothing is learned twice except what came after
+the snapshot it resumed from, and the final model equals a job that was never killed."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import subprocess
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from adstream.config import Config
+from stream.batch_codec import encode_batch
+from stream.featurize import featurize_records
+from stream.records import RawRecord
+from stream.replay import synthetic_records
+from stream.schema import load_schema
+from stream.synthetic import SyntheticCriteo
+from stream.topics import ensure_topics
+from trainer.snapshot import latest_snapshot
+
+from .helpers import start_cli
+
+pytestmark = pytest.mark.integration
+RECORDS_PER_PARTITION, EVENTS_PER_RECORD = 24, 64
+
+
+def produce_batches(config: Config) -> set[tuple[int, int]]:
+    """Featurized batches straight into the batches topic, the same count on each partition."""
+    from confluent_kafka import Producer
+
+    schema = load_schema(config.stream.schema)
+    ensure_topics(config.kafka)
+    events, _ = SyntheticCriteo(schema).generate(2 * RECORDS_PER_PARTITION * EVENTS_PER_RECORD)
+    bundles = list(synthetic_records(events, schema, bundle=EVENTS_PER_RECORD, fmt="arrow"))
+    producer = Producer({"bootstrap.servers": config.kafka.bootstrap})
+    produced = set()
+    for i, (_, value, _, _) in enumerate(bundles):
+        batch, rejected = featurize_records([RawRecord(0, i, value)], schema)
+        assert not rejected
+        partition = i % 2
+        producer.produce(config.kafka.batches_topic, encode_batch(batch), partition=partition)
+        produced.add((partition, i // 2))  # a fresh topic: offsets count from 0 per partition
+    assert producer.flush(30) == 0
+    return produced
+
+
+def job_config(config: Config, tmp_path: Path, name: str) -> Config:
+    trainer = replace(
+        config.trainer,
+        group_id=f"{config.trainer.group_id}-{name}",
+        snapshot_dir=str(tmp_path / name / "snapshots"),
+        learn_log=str(tmp_path / name / "learned"),
+        batch_size=EVENTS_PER_RECORD,
+        embed_dim=4,
+        hidden=(16,),
+        threads=1,
+        merge_every_steps=3,
+        snapshot_every_steps=6,
+        snapshot_every_s=3600.0,
+        workers=2,
+        max_restarts=2,
+    )
+    return replace(config, trainer=trainer)
+
+
+def learned(folder: Path) -> list[tuple[int, int, int, int]]:
+    """(partition, offset, step, attempt) of every record any replica learned."""
+    rows = []
+    for file in folder.glob("rank*.tsv"):
+        for line in file.read_text().splitlines():
+            p, o, s, a = map(int, line.split("\t"))
+            rows.append((p, o, s, a))
+    return rows
+
+
+def final_model(snapshots: Path) -> dict[str, np.ndarray]:
+    last = latest_snapshot(snapshots)
+    assert last is not None
+    return {**load_file(str(last / "dense.safetensors")), **load_file(str(last / "embeddings.safetensors"))}
+
+
+def run_job(config: Config, tmp_path: Path, name: str, kill: bool) -> tuple[subprocess.Popen[bytes], Path]:
+    proc, log = start_cli(config, tmp_path / name, "train", "--idle-exit", "4")
+    if kill:  # SIGKILL one replica at a random point after the first snapshot is durable
+        snapshots = Path(config.trainer.snapshot_dir)
+        deadline = time.monotonic() + 120
+        while latest_snapshot(snapshots) is None and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(random.uniform(0.0, 1.0))
+        pids = [int(p) for p in re.findall(r"\d+", re.search(r"replicas \[([\d, ]+)\]", log.read_text()).group(1))]
+        victim = random.choice(pids)
+        os.kill(victim, signal.SIGKILL)
+    assert proc.wait(timeout=240) == 0, log.read_text()[-3000:]
+    return proc, log
+
+
+def test_killed_replica_resumes_from_the_snapshot_with_no_record_lost(isolated: Config, tmp_path: Path):
+    produced = produce_batches(isolated)
+    (tmp_path / "reference").mkdir()
+    (tmp_path / "killed").mkdir()
+    reference = job_config(isolated, tmp_path, "reference")
+    killed = job_config(isolated, tmp_path, "killed")
+    run_job(reference, tmp_path, "reference", kill=False)
+    _, log = run_job(killed, tmp_path, "killed", kill=True)
+    assert "restart 1" in log.read_text()
+
+    ref_rows = learned(tmp_path / "reference" / "learned")
+    assert {(p, o) for p, o, _, _ in ref_rows} == produced and len(ref_rows) == len(produced)
+
+    rows = learned(tmp_path / "killed" / "learned")
+    assert {(p, o) for p, o, _, _ in rows} == produced  # nothing lost, no gap
+    first = [r for r in rows if r[3] == 0]
+    second = [r for r in rows if r[3] == 1]
+    assert second, "the restarted group learned the rest"
+    resumed_step = min(s for _, _, s, _ in second) - 1  # the restored snapshot's step
+    again = {(p, o) for p, o, _, _ in first} & {(p, o) for p, o, _, _ in second}
+    before_snapshot = {(p, o) for p, o, s, _ in first if s <= resumed_step}
+    assert not again & before_snapshot  # nothing the snapshot holds is learned twice
+    assert again == {(p, o) for p, o, s, _ in first if s > resumed_step}  # what came after it is relearned
+
+    ref, got = final_model(Path(reference.trainer.snapshot_dir)), final_model(Path(killed.trainer.snapshot_dir))
+    assert ref.keys() == got.keys()
+    for key in ref:
+        np.testing.assert_allclose(got[key], ref[key], atol=1e-6, err_msg=key)
+    assert (
+        latest_snapshot(Path(killed.trainer.snapshot_dir)).name
+        == latest_snapshot(Path(reference.trainer.snapshot_dir)).name
+    )
