@@ -46,3 +46,12 @@ def test_every_subcommand_has_help(capsys):
             parser.parse_args([name, "--help"])
         assert info.value.code == 0
         assert "usage: adstream " + name in capsys.readouterr().out
+
+
+def test_trainer_values_out_of_range_name_the_key():
+    from trainer.errors import TrainerError
+
+    with pytest.raises(TrainerError, match=r"trainer.merge_every_steps=-1: must be >= 0"):
+        build_config({"trainer": {"merge_every_steps": -1}})
+    with pytest.raises(TrainerError, match=r"trainer.optimizer='adagrad'.*'adam', 'sgd'"):
+        build_config({"trainer": {"optimizer": "adagrad"}})

@@ -98,8 +98,8 @@ def rows_of(rank: int, ids: list[int]) -> tuple[np.ndarray, torch.Tensor]:
     return keys, torch.tensor([[10.0 * rank + i] * 6 for i in ids])
 
 
-HELD = {0: [1, 2, 3, 5], 1: [2, 3, 4, 6]}  # id 1 expired on replica 1; 5 new on 0 only; 6 on 1 only
-TOUCHED = {0: [1, 2, 5], 1: [2, 4]}  # 3 and 6 untouched since the last merge
+HELD = {0: [1, 2, 3, 5, 7], 1: [2, 3, 4, 6, 7]}  # id 1 expired on replica 1; 5 new on 0 only; 6 on 1 only
+TOUCHED = {0: [1, 2, 3, 5], 1: [2, 4]}  # 3 updated on 0 only (1 holds the old copy); 6 and 7 untouched
 
 
 def sparse_merge_case() -> dict[int, np.ndarray]:
@@ -109,7 +109,7 @@ def sparse_merge_case() -> dict[int, np.ndarray]:
     table = EmbeddingTable(RamTier(6, 1 << 20), TableConfig(dim=2))
     table.put(*rows_of(rank, HELD[rank]), step=1)
     merged, sent = average_rows(table, np.array(TOUCHED[rank], dtype=np.int64), step=2)
-    assert merged == 4 and sent > 0
+    assert merged == 5 and sent > 0
     ids, rows = table.export()
     return {int(i): r.numpy() for i, r in zip(ids, rows)}
 
@@ -149,7 +149,7 @@ def test_merged_parameters_and_moments_match_a_hand_computation():
     for key in before0:
         if key.startswith(("w.", "exp_avg")):
             np.testing.assert_allclose(after0[key], (before0[key] + before1[key]) / 2, atol=1e-6, err_msg=key)
-    # rows: averaged over the replicas holding them; a row only one replica has keeps its value
+    # rows: averaged over the replicas that updated them; a row only one replica has keeps its value
     rows0 = dict(zip(before0["ids"].tolist(), before0["rows"]))
     rows1 = dict(zip(before1["ids"].tolist(), before1["rows"]))
     after = dict(zip(after0["ids"].tolist(), after0["rows"]))
@@ -170,11 +170,24 @@ def test_sparse_merge_disjoint_overlapping_new_and_expired_rows():
     expected_merged = {
         1: value(0, 1),  # expired on replica 1: replica 0's row, and replica 1 holds it again
         2: (value(0, 2) + value(1, 2)) / 2,  # overlapping: the mean
+        3: value(0, 3),  # updated on 0 only: replica 1's stale copy does not dilute it
         4: value(1, 4),  # only on replica 1
         5: value(0, 5),  # new on replica 0 only: kept as learned, not pulled towards zero
     }
     for replica, rank in ((replica0, 0), (replica1, 1)):
         for i, v in expected_merged.items():
             np.testing.assert_allclose(replica[i], np.full(6, v), err_msg=f"replica {rank} row {i}")
-        np.testing.assert_allclose(replica[3], np.full(6, value(rank, 3)))  # untouched: not merged
+        np.testing.assert_allclose(replica[7], np.full(6, value(rank, 7)))  # untouched: not merged
     assert 6 not in replica0 and 6 in replica1  # untouched rows do not travel
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_a_lone_synchronous_step_equals_a_local_step(optimizer):
+    """Without a group every collective is the identity: learn_sync == learn, rows included."""
+    local, sync = Trainer(SCHEMA, settings(optimizer)), Trainer(SCHEMA, settings(optimizer))
+    for batch in make_batches(seed=3):
+        expected = local.learn(batch).probs
+        probs, stats = sync.learn_sync(batch)
+        np.testing.assert_allclose(probs, expected, atol=1e-6)
+        assert stats.bytes == 0
+    assert_states_close(state(sync), state(local))

@@ -36,10 +36,11 @@ def backend_for(device: str) -> str:
 
 
 def join_group(device: str = "cpu") -> tuple[int, int]:
-    """Join the group the environment describes; (rank, world). A lone process is (0, 1), no group."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
+    """Join the group the environment describes; (rank, world). Without that environment a lone
+    process is (0, 1) with no group (every collective in merge.py is then the identity)."""
+    if "WORLD_SIZE" not in os.environ:
         return 0, 1
+    world = int(os.environ["WORLD_SIZE"])
     rank = int(os.environ["RANK"])
     if not dist.is_initialized():
         if device.startswith("cuda"):

@@ -5,16 +5,19 @@ k-step merging (Baidu's ads trainers): each replica runs Adam locally; every k s
   - dense: every parameter and Adam's exp_avg / exp_avg_sq are averaged over the replicas
     (all-reduce, bucketed into a few large messages); step counts are set to the maximum;
   - sparse: the ids each replica wrote since the last merge are gathered into their union U;
-    every replica sends, for each id of U, its stored row [vector | exp_avg | exp_avg_sq] and a
-    1 if it holds the row (0 and zeros if not); the sums divided by the holder counts are the
-    merged rows, written back into every replica's store. Only rows of U travel.
-Averaging over *holders* keeps a row new on one replica as that replica learned it (not halved
-towards its initial value) and leaves out a replica that expired the row.
+    every replica sends, for each id of U, its row [vector | exp_avg | exp_avg_sq] and a 1 if it
+    updated the row since the last merge (0 and zeros if not); the sums divided by the counts
+    are the merged rows, written back into every replica's store. Only rows of U travel.
+A row is averaged over the replicas holding a *new* version of it: those that updated it. A
+replica that only holds the copy from the last merge (or expired the row) adds nothing new and is
+left out, so a rare feature seen by one replica keeps that replica's update instead of 1/N of it
+(averaging stale copies in would shrink every sparse update N-fold; with Adam, whose steps do not
+shrink with the gradient, synchronous training has no such shrinkage).
 
 Synchronous data parallel (k = 0): gradients are averaged before each step instead: dense
-gradients over all replicas; a row's gradient over the replicas that hold the row or touched it
-in this step, the same holders rule as the merge, so with plain SGD a merge after every step
-equals synchronous training exactly (tests/test_merge.py pins this).
+gradients over all replicas; a row's gradient over the replicas that touched it in this step,
+the same rule as the merge, so with plain SGD a merge after every step equals synchronous
+training exactly (tests/test_merge.py pins this).
 
 Bytes are what this rank puts on the wire as payload (ids and rows, not protocol overhead).
 """
@@ -43,6 +46,11 @@ class MergeStats:
     @property
     def bytes(self) -> int:
         return self.dense_bytes + self.sparse_bytes
+
+
+def alone() -> bool:
+    """No group (a lone trainer) or a group of one: collectives are the identity."""
+    return not dist.is_initialized() or dist.get_world_size() == 1
 
 
 def comm_device() -> torch.device:
@@ -77,6 +85,8 @@ def dense_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> l
 
 def average_tensors(tensors: Sequence[torch.Tensor], bucket_bytes: int = BUCKET_BYTES) -> int:
     """Average tensors in place over all ranks, bucketed by size; returns payload bytes sent."""
+    if alone():
+        return 0
     world, device, sent = dist.get_world_size(), comm_device(), 0
     bucket: list[torch.Tensor] = []
     size = 0
@@ -106,6 +116,8 @@ def average_tensors(tensors: Sequence[torch.Tensor], bucket_bytes: int = BUCKET_
 
 def max_step(step: int) -> int:
     """The largest step count over the ranks (replicas that had no data in some rounds lag)."""
+    if alone():
+        return step
     t = torch.tensor([step], dtype=torch.int64, device=comm_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t.item())
@@ -125,6 +137,8 @@ def average_dense(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> i
 
 def union_ids(ids: np.ndarray) -> tuple[np.ndarray, int]:
     """Sorted union over the ranks of each rank's int64 ids; returns (union, bytes sent)."""
+    if alone():
+        return np.unique(ids), 0
     device, world = comm_device(), dist.get_world_size()
     length = torch.tensor([len(ids)], dtype=torch.int64, device=device)
     lengths = [torch.zeros_like(length) for _ in range(world)]
@@ -141,19 +155,28 @@ def union_ids(ids: np.ndarray) -> tuple[np.ndarray, int]:
 
 
 def average_rows(table: EmbeddingTable, touched: np.ndarray, step: int) -> tuple[int, int]:
-    """Sparse half of a merge: rows written on any rank since the last merge, averaged over the
-    ranks that hold them, written back everywhere. Returns (rows merged, bytes sent)."""
+    """Sparse half of a merge: rows written on any rank since the last merge (`touched`: this
+    rank's, sorted unique), averaged over the ranks that wrote them, written back everywhere.
+    Returns (rows merged, bytes sent)."""
     union, sent = union_ids(touched)
     if len(union) == 0:
         return 0, sent
-    rows, held = table.stored_rows(union)  # (u, W), (u,)
-    payload = torch.cat([rows * torch.from_numpy(held).unsqueeze(1), torch.from_numpy(held).float().unsqueeze(1)], 1)
-    payload = payload.to(comm_device())
-    dist.all_reduce(payload)
-    sent += payload.numel() * payload.element_size()
-    merged = (payload[:, :-1] / payload[:, -1:]).cpu()  # every id of the union has >= 1 holder: its writer
-    table.put(union, merged, step)
-    return len(union), sent
+    mine = np.isin(union, touched, assume_unique=True)
+    payload = torch.zeros((len(union), table.tier.width + 1))
+    if mine.any():
+        rows, held = table.stored_rows(union[mine])
+        mine[np.nonzero(mine)[0][~held]] = False  # written, then expired since: nothing to offer
+        payload[torch.from_numpy(np.nonzero(mine)[0]), :-1] = rows[torch.from_numpy(held)]
+    payload[:, -1] = torch.from_numpy(mine).float()
+    if not alone():
+        payload = payload.to(comm_device())
+        dist.all_reduce(payload)
+        sent += payload.numel() * payload.element_size()
+    count = payload[:, -1:].cpu()
+    keep = (count[:, 0] > 0).numpy()  # a row every writer has since expired stays expired
+    merged = (payload[:, :-1].cpu() / count.clamp(min=1))[torch.from_numpy(keep)]
+    table.put(union[keep], merged, step)
+    return int(keep.sum()), sent
 
 
 def average_grads(model: torch.nn.Module) -> int:
@@ -168,18 +191,18 @@ def average_row_grads(
     table: EmbeddingTable, ids: np.ndarray, grad: torch.Tensor
 ) -> tuple[np.ndarray, torch.Tensor, int]:
     """Synchronous data parallel, sparse: this rank's (ids (n,), grad (n, dim)) -> the union of
-    ids over the ranks and each row's gradient averaged over the ranks that hold or touched it.
+    ids over the ranks and each row's gradient averaged over the ranks that touched it.
     Returns (union (u,), grad (u, dim), bytes sent)."""
     union, sent = union_ids(ids)
     if len(union) == 0:
         return union, torch.zeros((0, table.dim)), sent
-    where = np.searchsorted(union, ids)
-    _, held = table.stored_rows(union)
-    held[where] = True  # touching a row now makes this rank one of its holders
+    where = torch.from_numpy(np.searchsorted(union, ids))
     payload = torch.zeros((len(union), table.dim + 1))
-    payload[torch.from_numpy(where), : table.dim] = grad.detach().cpu()
-    payload[:, -1] = torch.from_numpy(held).float()
-    payload = payload.to(comm_device())
-    dist.all_reduce(payload)
-    sent += payload.numel() * payload.element_size()
-    return union, (payload[:, :-1] / payload[:, -1:]).cpu(), sent
+    payload[where, : table.dim] = grad.detach().cpu()
+    payload[where, -1] = 1.0
+    if not alone():
+        payload = payload.to(comm_device())
+        dist.all_reduce(payload)
+        sent += payload.numel() * payload.element_size()
+    payload = payload.cpu()
+    return union, payload[:, :-1] / payload[:, -1:], sent

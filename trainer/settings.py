@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainer.errors import TrainerError
+
 
 @dataclass(frozen=True)
 class TrainerSettings:
@@ -37,6 +39,16 @@ class TrainerSettings:
     max_restarts: int = 3  # the supervisor of `--workers N` restarts the whole group this often after a crash
     idle_s: float = 1.0  # a replica with no full batch after this long learns what it has (or reports idle)
     learn_log: str = ""  # folder for per-replica audit logs of the (partition, offset) records learned; "" = off
+
+    def __post_init__(self) -> None:
+        choices = {"optimizer": ("adam", "sgd"), "store": ("ram", "tiered"), "eviction": ("lru", "lfu")}
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                raise TrainerError(f"config trainer.{key}={getattr(self, key)!r}: use one of {list(allowed)}")
+        minimums = {"merge_every_steps": 0, "workers": 1, "batch_size": 1, "merge_every_s": 0, "max_restarts": 0}
+        for key, least in minimums.items():
+            if getattr(self, key) < least:
+                raise TrainerError(f"config trainer.{key}={getattr(self, key)!r}: must be >= {least}")
 
 
 @dataclass(frozen=True)
