@@ -67,7 +67,7 @@ def _replica(data: str, settings: dict[str, Any], k: int, schema_name: str) -> d
     from trainer.replica import Trainer
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    arrays = np.load(data)
+    arrays = dict(np.load(data))  # an NpzFile would re-read the array from the archive at every access
     bounds = np.concatenate([[0], np.cumsum(arrays["sizes"])])
     trainer = Trainer(load_schema(schema_name), TrainerSettings(**settings))
     labels, probs = [], []

@@ -50,8 +50,12 @@ class TieredStore:
         self.capacity_bytes = config.disk_bytes
         self.device = RamTier(width, config.device_bytes, device=config.device, preallocate=True)
         self.ram = RamTier(width, config.ram_bytes, pin=config.device.startswith("cuda"))
-        self.rocks = RocksTier(config.path, width, config.disk_bytes)
+        self.rocks = RocksTier(config.path, width, config.disk_bytes, wal=False)  # durability = checkpoint
         self.step = 0
+        # ids the last read looked for in RocksDB (sorted) and whether it had them: rows coming up
+        # to the device carry that knowledge, so writing them back later needs no existence check
+        self._cold_ids = np.zeros(0, dtype=np.int64)
+        self._cold_found = np.zeros(0, dtype=bool)
         self.counters: Counter[str] = Counter()
         if self.device.capacity_rows < 1 or self.ram.capacity_rows < 1:
             raise StoreError(
@@ -71,6 +75,8 @@ class TieredStore:
         found[take] = True
         rest = rest[~r_found]
         c_rows, c_found = self.rocks.read(ids[rest])
+        order = np.argsort(ids[rest], kind="stable")
+        self._cold_ids, self._cold_found = ids[rest][order], c_found[order]
         take = rest[c_found]
         rows[torch.from_numpy(take).to(rows.device)] = c_rows[torch.from_numpy(c_found)].to(rows.device)
         found[take] = True
@@ -90,28 +96,47 @@ class TieredStore:
         goes through in chunks: earlier chunks are evicted down to make room for later ones."""
         self.step = max(self.step, step)
         chunk = self.device.capacity_rows
-        if len(ids) > chunk:
-            for start in range(0, len(ids), chunk):
-                self.write(ids[start : start + chunk], rows[start : start + chunk], step)
-            return
-        incoming = ~self.device.contains(ids)
-        need = int(incoming.sum()) - self.device.free_rows
-        if need > 0:
-            self._evict_device(need + int(self.config.evict_slack * self.device.capacity_rows), keep=ids)
-        new_ids = ids[incoming]
-        # carry the bookkeeping of rows coming up from RAM or RocksDB
+        for start in range(0, len(ids), chunk):
+            end = start + chunk
+            self._write_chunk(ids[start:end], rows[start:end], upcoming=ids[start:])
+        if self.config.ttl_steps:
+            self.expire()
+
+    def _write_chunk(self, ids: np.ndarray, rows: torch.Tensor, upcoming: np.ndarray) -> None:
+        """Promote ids (at most the device tier's capacity) to the device. Making room never
+        evicts these ids from the device, nor `upcoming` ones (this and later chunks) from RAM."""
+        new_ids = ids[~self.device.contains(ids)]
+        # rows coming up from RAM leave it first (making room there) and carry their bookkeeping
         freq = np.zeros(len(new_ids), dtype=np.int64)
+        on_disk = np.zeros(len(new_ids), dtype=bool)
         in_ram = self.ram.contains(new_ids)
         if in_ram.any():
             freq[in_ram] = self.ram.meta(new_ids[in_ram])[1]
+            on_disk[in_ram] = self.ram.disk_flags(new_ids[in_ram])
             self.ram.remove(new_ids[in_ram])
-        self.counters["promotions"] += int(incoming.sum())
+        on_disk |= self._known_on_disk(new_ids, ~in_ram)
+        need = len(new_ids) - self.device.free_rows
+        if need > 0:
+            self._evict_device(need + int(self.config.evict_slack * self.device.capacity_rows), ids, upcoming)
+        self.counters["promotions"] += len(new_ids)
         self.device.write(ids, rows, step=self.step)
         if len(new_ids):
             _, dfreq = self.device.meta(new_ids)[:2]
-            self.device.set_meta(new_ids, np.full(len(new_ids), self.step), dfreq + freq)
-        if self.config.ttl_steps:
-            self.expire()
+            self.device.set_meta(new_ids, np.full(len(new_ids), self.step), dfreq + freq, on_disk)
+
+    def _known_on_disk(self, ids: np.ndarray, ask: np.ndarray) -> np.ndarray:
+        """on_disk (n,) for ids[ask] (False elsewhere): from the last read where it looked them up,
+        else asked of RocksDB (writes that no read preceded, e.g. a replica merge)."""
+        out = np.zeros(len(ids), dtype=bool)
+        where = np.nonzero(ask)[0]
+        known = np.zeros(len(where), dtype=bool)
+        if len(where) and len(self._cold_ids):
+            pos = np.searchsorted(self._cold_ids, ids[where]).clip(max=len(self._cold_ids) - 1)
+            known = self._cold_ids[pos] == ids[where]
+            out[where[known]] = self._cold_found[pos[known]]
+        if (~known).any():
+            out[where[~known]] = self.rocks.contains(ids[where[~known]])
+        return out
 
     def load_rows(self, ids: np.ndarray, rows: torch.Tensor) -> None:
         """Bulk load into RocksDB (rows come up to the device tier when a batch touches them)."""
@@ -135,32 +160,40 @@ class TieredStore:
         return self.device.bytes_used() + self.ram.bytes_used() + self.rocks.bytes_used()
 
     # --- movement between tiers ---------------------------------------------------------
-    def _evict_device(self, count: int, keep: np.ndarray) -> None:
+    def _evict_device(self, count: int, keep: np.ndarray, keep_in_ram: np.ndarray) -> None:
         victims = self.device.victims(count, self.config.policy, keep)
         if not len(victims):
             return
         rows, _ = self.device.read(victims)
         last_seen, freq, _ = self.device.meta(victims)
+        on_disk = self.device.disk_flags(victims)
         need = len(victims) - self.ram.free_rows
         if need > 0:
-            self._evict_ram(need + int(self.config.evict_slack * self.ram.capacity_rows))
+            self._evict_ram(need + int(self.config.evict_slack * self.ram.capacity_rows), keep_in_ram)
         take = min(len(victims), self.ram.free_rows)
         if take < len(victims):  # RAM smaller than the overflow: the rest goes straight down
-            self.rocks.write(victims[take:], rows[take:].cpu(), last_seen=last_seen[take:], freq=freq[take:])
+            self.rocks.write(
+                victims[take:],
+                rows[take:].cpu(),
+                last_seen=last_seen[take:],
+                freq=freq[take:],
+                new_rows=int((~on_disk[take:]).sum()),
+            )
             self.counters["writebacks"] += len(victims) - take
         self.ram.write(victims[:take], rows[:take].cpu(), dirty=True)
-        self.ram.set_meta(victims[:take], last_seen[:take], freq[:take])
+        self.ram.set_meta(victims[:take], last_seen[:take], freq[:take], on_disk[:take])
         self.device.remove(victims)
         self.counters["device_evictions"] += len(victims)
 
-    def _evict_ram(self, count: int) -> None:
-        victims = self.ram.victims(count, self.config.policy, np.zeros(0, dtype=np.int64))
+    def _evict_ram(self, count: int, keep: np.ndarray) -> None:
+        victims = self.ram.victims(count, self.config.policy, keep)
         if not len(victims):
             return
         last_seen, freq, dirty = self.ram.meta(victims)
         if dirty.any():
             rows, _ = self.ram.read(victims[dirty])
-            self.rocks.write(victims[dirty], rows, last_seen=last_seen[dirty], freq=freq[dirty])
+            new_rows = int((~self.ram.disk_flags(victims[dirty])).sum())
+            self.rocks.write(victims[dirty], rows, last_seen=last_seen[dirty], freq=freq[dirty], new_rows=new_rows)
             self.counters["writebacks"] += int(dirty.sum())
         self.ram.remove(victims)
         self.counters["ram_evictions"] += len(victims)
@@ -199,8 +232,15 @@ class TieredStore:
                 ids, slots = ids[keep], slots[keep]
             if len(ids):
                 rows, _ = tier.read(ids)
-                self.rocks.write(ids, rows.cpu(), last_seen=tier.last_seen[slots], freq=tier.freq[slots])
+                self.rocks.write(
+                    ids,
+                    rows.cpu(),
+                    last_seen=tier.last_seen[slots],
+                    freq=tier.freq[slots],
+                    new_rows=int((~tier.on_disk[slots]).sum()),
+                )
                 tier.dirty[slots] = False
+                tier.on_disk[slots] = True
 
     def checkpoint(self, path: str | Path, extra: dict[str, object] | None = None) -> Path:
         """Flush, then a consistent RocksDB checkpoint + manifest at `path`. The folder appears

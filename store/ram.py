@@ -3,8 +3,9 @@
 Any 64-bit id works. Lookups are vectorized over the batch (index.py); there is no Python loop
 per id. The same class is the device tier (`device="cuda"`, preallocated to its
 budget, never grows) and the host RAM tier (grows up to its budget; pinned memory under CUDA).
-Per slot it keeps `last_seen` (step), `freq` (times written) and `dirty` (newer than the cold
-tier), which the hierarchy's eviction and expiry policies read.
+Per slot it keeps `last_seen` (step), `freq` (times written), `dirty` (newer than the cold
+tier) and `on_disk` (the cold tier has a copy: a write-back then needs no existence check),
+which the hierarchy's eviction, expiry and write-back read.
 """
 
 from __future__ import annotations
@@ -41,12 +42,13 @@ class RamTier:
         self.fixed = preallocate
         self._rows = self._alloc(rows)
         self._slot = IdIndex(rows)
-        self._free: list[int] = []
+        self._free = np.zeros(0, dtype=np.int64)  # slots given back by remove(), reused first
         self._used = 0  # slots handed out so far (high-water mark)
         self.slot_ids = np.full(rows, _NO_ID, dtype=np.int64)  # slot -> id
         self.last_seen = np.zeros(rows, dtype=np.int64)
         self.freq = np.zeros(rows, dtype=np.int64)
         self.dirty = np.zeros(rows, dtype=bool)
+        self.on_disk = np.zeros(rows, dtype=bool)
 
     def _alloc(self, rows: int) -> torch.Tensor:
         tensor = torch.zeros((rows, self.width), dtype=torch.float32, device=self.device)
@@ -55,7 +57,7 @@ class RamTier:
     @property
     def row_bytes(self) -> int:
         """Budgeted bytes per row: the row, its id and slot in the map, and the bookkeeping."""
-        return self.width * 4 + _ID_OVERHEAD_BYTES + 8 + 8 + 1
+        return self.width * 4 + _ID_OVERHEAD_BYTES + 8 + 8 + 1 + 1
 
     @property
     def capacity_rows(self) -> int:
@@ -102,13 +104,15 @@ class RamTier:
             self._slot.put(ids[new], slots[new])
             self.slot_ids[slots[new]] = ids[new]
             self.freq[slots[new]] = 0
+            self.on_disk[slots[new]] = False
         self._rows[torch.from_numpy(slots).to(self.device)] = rows.to(self.device, torch.float32)
         self.last_seen[slots] = np.maximum(self.last_seen[slots], step)
         self.freq[slots] += 1
         self.dirty[slots] = dirty
 
     def _allocate(self, n: int) -> np.ndarray:
-        reuse = [self._free.pop() for _ in range(min(n, len(self._free)))]
+        keep = len(self._free) - min(n, len(self._free))
+        reuse, self._free = self._free[keep:], self._free[:keep]
         fresh = n - len(reuse)
         if self._used + fresh > self._rows.shape[0]:
             if self.fixed:
@@ -117,19 +121,19 @@ class RamTier:
             rows = self._alloc(grown)
             rows[: self._used] = self._rows[: self._used]
             self._rows = rows
-            for name in ("slot_ids", "last_seen", "freq", "dirty"):
+            for name in ("slot_ids", "last_seen", "freq", "dirty", "on_disk"):
                 old = getattr(self, name)
                 new_arr = np.full(grown, _NO_ID, dtype=old.dtype) if name == "slot_ids" else np.zeros(grown, old.dtype)
                 new_arr[: len(old)] = old
                 setattr(self, name, new_arr)
-        out = np.concatenate([np.asarray(reuse, dtype=np.int64), np.arange(self._used, self._used + fresh)])
+        out = np.concatenate([reuse, np.arange(self._used, self._used + fresh)])
         self._used += fresh
         return out
 
     def remove(self, ids: np.ndarray) -> int:
         popped = self._slot.pop(ids)
         slots = popped[popped >= 0]
-        self._free.extend(slots.tolist())
+        self._free = np.concatenate([self._free, slots])
         self.slot_ids[slots] = _NO_ID
         return len(slots)
 
@@ -144,8 +148,12 @@ class RamTier:
     def victims(self, count: int, policy: str, keep: np.ndarray) -> np.ndarray:
         """Up to `count` ids to evict: least recently (lru) or least frequently (lfu) used, never those in `keep`."""
         ids, slots = self.resident()
-        allowed = ~np.isin(ids, keep)
-        ids, slots = ids[allowed], slots[allowed]
+        if len(keep):  # mark the kept rows' slots instead of searching every resident id
+            kept = np.zeros(self._used, dtype=bool)
+            keep_slots = self.slots(keep)
+            kept[keep_slots[keep_slots >= 0]] = True
+            allowed = ~kept[slots]
+            ids, slots = ids[allowed], slots[allowed]
         if count <= 0 or not len(ids):
             return np.zeros(0, dtype=np.int64)
         if policy == "lru":
@@ -163,7 +171,15 @@ class RamTier:
         slots = self.slots(ids)
         return self.last_seen[slots], self.freq[slots], self.dirty[slots]
 
-    def set_meta(self, ids: np.ndarray, last_seen: np.ndarray, freq: np.ndarray) -> None:
+    def set_meta(
+        self, ids: np.ndarray, last_seen: np.ndarray, freq: np.ndarray, on_disk: np.ndarray | None = None
+    ) -> None:
         slots = self.slots(ids)
         self.last_seen[slots] = last_seen
         self.freq[slots] = freq
+        if on_disk is not None:
+            self.on_disk[slots] = on_disk
+
+    def disk_flags(self, ids: np.ndarray) -> np.ndarray:
+        """on_disk (n,) of held ids: whether the cold tier already has a copy of the row."""
+        return self.on_disk[self.slots(ids)]

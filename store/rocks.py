@@ -23,8 +23,12 @@ def _keys(ids: np.ndarray) -> list[bytes]:
 
 
 class RocksTier:
-    def __init__(self, path: str | Path, width: int, capacity_bytes: int, block_cache_mb: int = 256) -> None:
-        from rocksdict import BlockBasedOptions, Cache, Options, Rdict
+    def __init__(
+        self, path: str | Path, width: int, capacity_bytes: int, block_cache_mb: int = 256, wal: bool = True
+    ) -> None:
+        """wal=False skips RocksDB's write-ahead log: for a store whose durability point is its own
+        checkpoint (the hierarchy: flush + RocksDB checkpoint), not each write."""
+        from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteOptions
 
         if capacity_bytes <= 0:
             raise StoreError(f"RocksTier: capacity_bytes={capacity_bytes}; set a positive disk budget in bytes")
@@ -41,6 +45,9 @@ class RocksTier:
         table.set_cache_index_and_filter_blocks(True)
         options.set_block_based_table_factory(table)
         self.db = Rdict(str(self.path), options=options)
+        write_options = WriteOptions()
+        write_options.disable_wal = not wal
+        self.db.set_write_options(write_options)
         self._count = sum(1 for _ in self.db.keys())
 
     @property
@@ -55,6 +62,10 @@ class RocksTier:
 
     def _get(self, ids: np.ndarray) -> list[bytes | None]:
         return self.db.get(_keys(ids)) if len(ids) else []  # type: ignore[arg-type,return-value]
+
+    def contains(self, ids: np.ndarray) -> np.ndarray:
+        """found (n,) for ids, without decoding the rows."""
+        return np.fromiter((v is not None for v in self._get(ids)), dtype=bool, count=len(ids))
 
     def read_with_meta(self, ids: np.ndarray) -> tuple[torch.Tensor, np.ndarray, np.ndarray, np.ndarray]:
         """rows (n, width), found (n,), last_seen (n,), freq (n,)."""
@@ -80,13 +91,15 @@ class RocksTier:
         step: int = 0,
         last_seen: np.ndarray | None = None,
         freq: np.ndarray | None = None,
+        new_rows: int | None = None,
     ) -> None:
+        """Insert or overwrite; new_rows: how many ids are absent, when the caller knows (the
+        hierarchy tracks which cached rows have a copy here), which saves a multi-get."""
         from rocksdict import WriteBatch
 
         if rows.shape != (len(ids), self.width):
             raise StoreError(f"RocksTier.write: rows shape {tuple(rows.shape)}, expected ({len(ids)}, {self.width})")
-        existing = self._get(ids)
-        new = sum(v is None for v in existing)
+        new = int((~self.contains(ids)).sum()) if new_rows is None else new_rows
         if (self._count + new) * self.row_bytes > self.capacity_bytes:
             raise StoreError(
                 f"RocksTier at {self.path}: {self._count + new} rows exceed the disk budget of "

@@ -28,6 +28,8 @@ def test_eviction_never_loses_a_dirty_row(tmp_path):
     for step in range(1, 60):
         ids = np.unique(rng.integers(0, 100, size=6)).astype(np.int64)
         rows = torch.from_numpy(rng.normal(size=(len(ids), 6)).astype(np.float32))
+        if step % 2:  # the trainer's pattern (read, then write) and bare writes (replica merges)
+            store.read(ids)
         store.write(ids, rows, step=step)
         truth.update({int(i): r.numpy() for i, r in zip(ids, rows)})
     keys = np.array(sorted(truth), dtype=np.int64)
@@ -40,6 +42,10 @@ def test_eviction_never_loses_a_dirty_row(tmp_path):
     assert set(store.all_ids().tolist()) == set(truth)
     # a row lives in the device tier or the RAM tier, never both
     assert not (set(store.device.all_ids().tolist()) & set(store.ram.all_ids().tolist()))
+    # write-backs that skip RocksDB's existence check (cached rows know they have a copy) count exactly
+    assert len(store.rocks) == len(store.rocks.all_ids())
+    store.flush()
+    assert len(store.rocks) == len(store.rocks.all_ids()) == len(truth)
 
 
 def test_lru_and_lfu_pick_different_victims():

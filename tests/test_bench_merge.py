@@ -1,0 +1,25 @@
+"""`adstream bench merge` keeps its JSON contract (a tiny grid; the figures themselves are not tested)."""
+
+from bench.merge import run_merge_bench
+
+
+def test_bench_merge_reports_every_run_of_the_grid(tmp_path):
+    result = run_merge_bench(
+        events=6000, criteo_dir=str(tmp_path / "none"), batch_size=500, workers=(1, 2), ks=(1, 16), progress=False
+    )
+    grid = {(r["dataset"], r["workers"], r["k"]) for r in result["runs"]}
+    assert grid == {
+        ("synthetic", 1, 1),
+        ("synthetic", 1, 0),
+        ("synthetic", 2, 1),
+        ("synthetic", 2, 16),
+        ("synthetic", 2, 0),
+    }
+    for run in result["runs"]:
+        assert {"dataset", "workers", "k", "auc", "logloss", "bytes", "wall_s", "samples_per_s"} <= run.keys()
+        assert 0.0 <= run["auc"] <= 1.0 and run["samples_per_s"] > 0
+        assert (run["bytes"] > 0) == (run["workers"] > 1)  # one worker sends nothing
+    by_k = {r["k"]: r for r in result["runs"] if r["workers"] == 2}
+    assert by_k[1]["bytes"] > by_k[16]["bytes"]  # merging less often sends less
+    (check,) = result["checks"]
+    assert check["bytes_k1_over_k16"] == by_k[1]["bytes"] / by_k[16]["bytes"]
