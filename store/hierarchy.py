@@ -109,10 +109,11 @@ class TieredStore:
         # rows coming up from RAM leave it first (making room there) and carry their bookkeeping
         freq = np.zeros(len(new_ids), dtype=np.int64)
         on_disk = np.zeros(len(new_ids), dtype=bool)
-        in_ram = self.ram.contains(new_ids)
+        ram_slots = self.ram.slots(new_ids)
+        in_ram = ram_slots >= 0
         if in_ram.any():
-            freq[in_ram] = self.ram.meta(new_ids[in_ram])[1]
-            on_disk[in_ram] = self.ram.disk_flags(new_ids[in_ram])
+            freq[in_ram] = self.ram.freq[ram_slots[in_ram]]
+            on_disk[in_ram] = self.ram.on_disk[ram_slots[in_ram]]
             self.ram.remove(new_ids[in_ram])
         on_disk |= self._known_on_disk(new_ids, ~in_ram)
         need = len(new_ids) - self.device.free_rows

@@ -28,7 +28,7 @@ class RocksTier:
     ) -> None:
         """wal=False skips RocksDB's write-ahead log: for a store whose durability point is its own
         checkpoint (the hierarchy: flush + RocksDB checkpoint), not each write."""
-        from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteOptions
+        from rocksdict import BlockBasedOptions, Cache, DBCompressionType, Options, Rdict
 
         if capacity_bytes <= 0:
             raise StoreError(f"RocksTier: capacity_bytes={capacity_bytes}; set a positive disk budget in bytes")
@@ -39,16 +39,22 @@ class RocksTier:
         options = Options(raw_mode=True)
         options.create_if_missing(True)
         options.increase_parallelism(os.cpu_count() or 2)
+        options.set_compression_type(DBCompressionType.none())  # float rows do not compress; reads skip a decode
         table = BlockBasedOptions()  # point lookups: bloom filters and a block cache
         table.set_bloom_filter(10, False)
         table.set_block_cache(Cache(block_cache_mb << 20))
         table.set_cache_index_and_filter_blocks(True)
         options.set_block_based_table_factory(table)
         self.db = Rdict(str(self.path), options=options)
+        self.set_wal(wal)
+        self._count = sum(1 for _ in self.db.keys())
+
+    def set_wal(self, wal: bool) -> None:
+        from rocksdict import WriteOptions
+
         write_options = WriteOptions()
         write_options.disable_wal = not wal
         self.db.set_write_options(write_options)
-        self._count = sum(1 for _ in self.db.keys())
 
     @property
     def row_bytes(self) -> int:
