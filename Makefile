@@ -21,7 +21,7 @@ test: setup
 
 lint: setup
 	$(BIN)/ruff check .
-	$(BIN)/mypy stream store trainer serving adstream
+	$(BIN)/mypy stream store trainer serving adstream bench
 
 bench: setup
 	$(BIN)/adstream bench pipeline --json .state/bench-pipeline.json

@@ -87,6 +87,7 @@ def _replica(data: str, settings: dict[str, Any], k: int, schema_name: str) -> d
             prob = trainer.learn(batch).probs
             if (j + 1) % k == 0 or j == rounds - 1:
                 trainer.merge()
+        assert prob is not None  # every replica has a batch every round here
         labels.append(batch.labels.numpy())
         probs.append(prob)
     dist.barrier()

@@ -53,7 +53,7 @@ class RocksTier:
         from rocksdict import WriteOptions
 
         write_options = WriteOptions()
-        write_options.disable_wal = not wal
+        write_options.disable_wal = not wal  # type: ignore[method-assign,assignment] # an attribute at runtime
         self.db.set_write_options(write_options)
 
     @property
