@@ -106,9 +106,16 @@ def launch_local(fn: Callable[..., Any], world: int, *args: Any, device: str = "
     try:
         while len(results) < world:
             try:
-                rank, error, value = queue.get(timeout=max(deadline - time.monotonic(), 0.1))
-            except Exception:
-                raise TrainerError(f"launch_local: {world - len(results)} replicas silent after {timeout_s}s") from None
+                rank, error, value = queue.get(timeout=1.0)
+            except Exception:  # queue.Empty: is anyone dead without a word, or are we out of time?
+                dead = [r for r, p in enumerate(procs) if r not in results and p.exitcode not in (None, 0)]
+                if dead:
+                    raise TrainerError(f"launch_local: replicas {dead} died before reporting (see stderr)") from None
+                if time.monotonic() > deadline:
+                    raise TrainerError(
+                        f"launch_local: {world - len(results)} replicas silent after {timeout_s}s"
+                    ) from None
+                continue
             if error:
                 raise TrainerError(f"replica {rank} failed:\n{error}")
             results[rank] = value
