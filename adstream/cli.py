@@ -205,9 +205,9 @@ def cmd_bench(args: argparse.Namespace) -> None:
     elif args.which == "merge":
         from bench.merge import run_merge_bench
 
-        result = run_merge_bench(events=args.events, criteo_dir=args.criteo)
+        result = run_merge_bench(events=args.events or 2_000_000, criteo_dir=args.criteo)
     else:
-        result = run_pipeline_bench(_config(args), events=args.events, criteo_dir=args.criteo)
+        result = run_pipeline_bench(_config(args), events=args.events or 100_000, criteo_dir=args.criteo)
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:
@@ -304,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmarks printing JSON (not tests)")
     p.add_argument("which", choices=["pipeline", "store", "merge"])
     stack_flags(p)
-    p.add_argument("--events", type=int, default=100_000, help="synthetic events per stage")
+    p.add_argument("--events", type=int, help="synthetic events (pipeline: per stage, 100000; merge: 2000000)")
     p.add_argument("--criteo", default="../shared/data/criteo", help="folder of real Criteo TSV files")
     p.add_argument("--ids", type=int, default=50_000_000, help="store: distinct ids in the table")
     p.add_argument("--batches", type=int, default=40, help="store: timed batches of 4096 events x 26 fields")

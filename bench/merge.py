@@ -143,7 +143,7 @@ def _checks(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def run_merge_bench(
-    events: int = 100_000,
+    events: int = 2_000_000,
     criteo_dir: str = "../shared/data/criteo",
     batch_size: int = 1024,
     workers: tuple[int, ...] = WORKERS,
