@@ -131,7 +131,12 @@ def test_killed_replica_resumes_from_the_snapshot_with_no_record_lost(isolated: 
     assert ref.keys() == got.keys()
     for key in ref:
         np.testing.assert_allclose(got[key], ref[key], atol=1e-6, err_msg=key)
-    assert (
-        latest_snapshot(Path(killed.trainer.snapshot_dir)).name
-        == latest_snapshot(Path(reference.trainer.snapshot_dir)).name
-    )
+    final = latest_snapshot(Path(killed.trainer.snapshot_dir))
+    assert final is not None and final.name == latest_snapshot(Path(reference.trainer.snapshot_dir)).name
+
+    # the merged model is what the registry serves: the alias points at the final snapshot
+    from mlflow import MlflowClient
+
+    client = MlflowClient(isolated.mlflow.tracking_uri)
+    version = client.get_model_version_by_alias(isolated.mlflow.model_name, isolated.mlflow.alias)
+    assert version.source.endswith(f"snapshots/{final.name}")
