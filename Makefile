@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint bench lock down clean
+.PHONY: setup demo test lint bench bench-store bench-merge lock down clean
 
 setup: $(VENV)/.installed
 
@@ -25,6 +25,12 @@ lint: setup
 
 bench: setup
 	$(BIN)/adstream bench pipeline --json .state/bench-pipeline.json
+
+bench-store: setup
+	$(BIN)/adstream bench store --json .state/bench-store.json
+
+bench-merge: setup
+	$(BIN)/adstream bench merge --json .state/bench-merge.json
 
 lock:
 	$(BIN)/pip freeze --exclude-editable | grep -v '^adstream' > requirements.lock.new && mv requirements.lock.new requirements.lock
