@@ -29,8 +29,8 @@ from stream.schema import Schema, load_schema
 from stream.synthetic import SyntheticCriteo
 from stream.topics import ensure_topics
 from trainer.batch import Batch, batch_from_features
-from trainer.loop import Trainer
 from trainer.metrics import ProgressiveMetrics
+from trainer.replica import Trainer
 
 REAL_BATCH = 64
 REAL_SETTINGS: dict[str, Any] = {"lr": 0.003, "sparse_lr": 0.005, "embed_dim": 4}

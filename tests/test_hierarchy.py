@@ -217,7 +217,7 @@ def test_trainer_on_the_hierarchy_snapshots_and_serves_the_same_predictions(sche
     from stream.featurize import featurize
     from tests.conftest import criteo_event
     from trainer.batch import batch_from_features
-    from trainer.loop import Trainer
+    from trainer.replica import Trainer
     from trainer.settings import TrainerSettings
     from trainer.snapshot import load_snapshot
     from trainer.step import predict

@@ -14,7 +14,7 @@ from stream.featurize import featurize
 from tests.conftest import criteo_event
 from trainer.batch import batch_from_features
 from trainer.errors import SnapshotError
-from trainer.loop import Trainer
+from trainer.replica import Trainer
 from trainer.settings import TrainerSettings
 from trainer.snapshot import load_optimizer_state, load_snapshot, read_manifest
 from trainer.step import predict

@@ -31,7 +31,7 @@ from stream.settings import KafkaSettings
 from trainer.batch import Batch
 from trainer.group import join_group, leave_group
 from trainer.metrics import merged_summary
-from trainer.replica import Trainer, make_tier, store_path
+from trainer.replica import Trainer, store_path
 from trainer.settings import MlflowSettings, TrainerSettings
 from trainer.snapshot import latest_snapshot
 
@@ -39,8 +39,6 @@ log = logging.getLogger("adstream.trainer")
 AUC = Gauge("adstream_trainer_progressive_auc", "cumulative progressive AUC over every replica")
 WINDOW_AUC = Gauge("adstream_trainer_window_auc", "sliding-window progressive AUC of this replica")
 STORE = Gauge("adstream_trainer_store", "embedding store statistics (hit rates, evictions, bytes...)", ["stat"])
-
-__all__ = ["TrainSummary", "Trainer", "make_tier", "run_training"]
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from prometheus_client import Counter
 
 from store.hierarchy import HierarchyConfig, TieredStore
@@ -39,7 +38,7 @@ from trainer.metrics import ProgressiveMetrics
 from trainer.model import DeepFM, ModelConfig
 from trainer.settings import TrainerSettings
 from trainer.snapshot import Manifest, load_optimizer_state, load_snapshot, save_snapshot
-from trainer.step import StepResult, forward, train_step
+from trainer.step import StepResult, backward, train_step
 
 STEPS = Counter("adstream_trainer_steps_total", "train steps")
 SAMPLES = Counter("adstream_trainer_samples_total", "events learned")
@@ -146,18 +145,14 @@ class Trainer:
         Returns this replica's predictions (B,) made before the update (None without a batch)."""
         started = time.perf_counter()
         self.step += 1
-        self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         ids, grad, probs = np.zeros(0, dtype=np.int64), torch.zeros((0, self.table.dim)), None
         if batch is not None:
-            batch = batch.to(self.device)
-            logits, lookup, leaf = forward(self.model, self.table, batch)
-            F.binary_cross_entropy_with_logits(logits, batch.labels).backward()
-            assert leaf.grad is not None
+            result, lookup, row_grad = backward(self.model, self.optimizer, self.table, batch.to(self.device))
             keep = lookup.admitted
-            ids, grad = lookup.unique_ids[keep], leaf.grad[torch.from_numpy(keep).to(leaf.device)]
+            ids, grad = lookup.unique_ids[keep], row_grad[torch.from_numpy(keep).to(row_grad.device)]
             self.table.count_sightings(lookup)
-            probs = torch.sigmoid(logits.detach()).cpu().numpy()
+            probs = result.probs
         comm_started = time.perf_counter()
         dense_bytes = average_grads(self.model)
         self.optimizer.step()

@@ -31,19 +31,26 @@ def forward(model: DeepFM, table: EmbeddingTable, batch: Batch):  # type: ignore
     return model(rows, batch.dense), lookup, leaf
 
 
-def train_step(
-    model: DeepFM, optimizer: torch.optim.Optimizer, table: EmbeddingTable, batch: Batch, step: int
-) -> StepResult:
-    """Score, then learn: Adam on the dense weights, sparse Adam on the touched rows. `step` is 1-based."""
+def backward(model: DeepFM, optimizer: torch.optim.Optimizer, table: EmbeddingTable, batch: Batch):  # type: ignore[no-untyped-def]
+    """Score the batch and compute gradients, changing no weight yet. Returns (StepResult, lookup,
+    row gradients (u, E+1)); the dense gradients are in the parameters' .grad."""
     model.train()
     logits, lookup, leaf = forward(model, table, batch)
     loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    optimizer.step()
     assert leaf.grad is not None
-    table.update(lookup, leaf.grad, step)
-    return StepResult(torch.sigmoid(logits.detach()).cpu().numpy(), float(loss.detach()))
+    return StepResult(torch.sigmoid(logits.detach()).cpu().numpy(), float(loss.detach())), lookup, leaf.grad
+
+
+def train_step(
+    model: DeepFM, optimizer: torch.optim.Optimizer, table: EmbeddingTable, batch: Batch, step: int
+) -> StepResult:
+    """Score, then learn: Adam on the dense weights, sparse Adam on the touched rows. `step` is 1-based."""
+    result, lookup, row_grad = backward(model, optimizer, table, batch)
+    optimizer.step()
+    table.update(lookup, row_grad, step)
+    return result
 
 
 @torch.no_grad()

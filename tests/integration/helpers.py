@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -10,12 +9,7 @@ from pathlib import Path
 
 from adstream.config import Config
 from adstream.demo import cli_process, stop_process, write_toml
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from trainer.group import free_port
 
 
 def start_cli(config: Config, tmp_path: Path, *args: str) -> tuple[subprocess.Popen[bytes], Path]:
