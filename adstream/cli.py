@@ -206,6 +206,19 @@ def cmd_bench(args: argparse.Namespace) -> None:
         from bench.merge import run_merge_bench
 
         result = run_merge_bench(events=args.events or 2_000_000, criteo_dir=args.criteo)
+    elif args.which == "accuracy":
+        from bench.accuracy import run_accuracy_bench
+        from stream.schema import load_schema
+
+        config = _config(args)
+        result = run_accuracy_bench(
+            load_schema(config.stream.schema),
+            config.trainer,
+            events=args.events or 1_000_000,
+            drift=args.drift,
+            criteo_dir=args.criteo,
+            ablation=not args.no_ablation,
+        )
     else:
         result = run_pipeline_bench(_config(args), events=args.events or 100_000, criteo_dir=args.criteo)
     text = json.dumps(result, indent=2)
@@ -302,9 +315,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("bench", help="benchmarks printing JSON (not tests)")
-    p.add_argument("which", choices=["pipeline", "store", "merge"])
+    p.add_argument("which", choices=["pipeline", "store", "merge", "accuracy"])
     stack_flags(p)
-    p.add_argument("--events", type=int, help="synthetic events (pipeline: per stage, 100000; merge: 2000000)")
+    p.add_argument(
+        "--events", type=int, help="synthetic events (pipeline: per stage, 100000; merge: 2000000; accuracy: 1000000)"
+    )
+    p.add_argument("--drift", type=float, default=0.5, help="accuracy: drift of the drifting synthetic stream")
+    p.add_argument("--no-ablation", action="store_true", help="accuracy: skip the ablation rows")
     p.add_argument("--criteo", default="../shared/data/criteo", help="folder of real Criteo TSV files")
     p.add_argument("--ids", type=int, default=50_000_000, help="store: distinct ids in the table")
     p.add_argument("--batches", type=int, default=40, help="store: timed batches of 4096 events x 26 fields")

@@ -1,5 +1,6 @@
-"""The baseline a competent PyTorch user would write: the same DeepFM head over a hashed
-nn.EmbeddingBag(sparse=True) table, SparseAdam for the table and Adam for the dense part."""
+"""The baseline a competent PyTorch user would write: a DeepFM head over a hashed
+nn.EmbeddingBag(sparse=True) table, SparseAdam for the table and Adam for the dense part
+(pass a ModelConfig with kind "deepfm" and dense_norm False for the plain model)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.batch import Batch
-from trainer.model import DeepFM, ModelConfig
+from trainer.model import CtrModel, ModelConfig
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
@@ -27,7 +28,7 @@ class BaselineDeepFM:
         self.bits = table_bits
         self.embedding = nn.EmbeddingBag(1 << table_bits, config.row_dim, mode="sum", sparse=True)
         nn.init.normal_(self.embedding.weight, std=0.01)
-        self.head = DeepFM(config)
+        self.head = CtrModel(config)
         self.sparse_opt = torch.optim.SparseAdam(self.embedding.parameters(), lr=sparse_lr)
         self.dense_opt = torch.optim.Adam(self.head.parameters(), lr=lr)
 

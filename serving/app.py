@@ -5,7 +5,8 @@ POST /predict  one event object or a list of them (the Kafka JSON, label absent)
                422 names the field: {"detail": [{"loc": ["body", index, field], "msg", "type"}]}
 GET /healthz   liveness (200 while the process runs)
 GET /model     the served version, schema hash, step, metrics (503 before the first model)
-GET /metrics   Prometheus
+GET /metrics   Prometheus (requests, latency, swaps, and the served model's progressive AUC,
+               logloss and calibration: ECE, predicted vs observed CTR)
 
 A background task polls the registry and swaps a newer version in with one reference
 assignment, so requests in flight finish on the model they started with.
@@ -23,7 +24,7 @@ import orjson
 import torch
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 
 from serving.loader import ServedModel, load_served_model
 from serving.predict import predict_events
@@ -39,6 +40,11 @@ LATENCY = Histogram(
     "adstream_serving_predict_seconds", "time in /predict", buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5)
 )
 SWAPS = Counter("adstream_serving_model_swaps_total", "models swapped in")
+MODEL_METRICS = Gauge(
+    "adstream_serving_model_metric",
+    "the served snapshot's progressive metrics as its trainer measured them (auc, logloss, ece, mean_ctr...)",
+    ["metric"],
+)
 
 # fetch(current_version) -> a newer ServedModel, or None when there is nothing newer
 Fetch = Callable[[str | None], ServedModel | None]
@@ -77,6 +83,8 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> FastA
             holder.current = model  # the swap: one reference assignment
             holder.last_error = None
             SWAPS.inc()
+            for name, value in model.manifest.metrics.items():
+                MODEL_METRICS.labels(name).set(value)
             log.info("serving version %s (step %d)", model.version, model.manifest.step)
 
     async def poll() -> None:

@@ -1,12 +1,13 @@
 """Snapshot folder -> ServedModel: the dense network plus a read-only, sorted embedding lookup.
 
 Ids are looked up with a binary search over the sorted exported ids; an id the snapshot does not
-hold reads its deterministic initial vector (store.init), exactly as the trainer would.
+hold reads what the trainer would give it (store.table.unseen_vectors): its field's shared row
+under frequency admission, else its deterministic initial vector.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +15,10 @@ import torch
 
 from serving.errors import ServingError
 from store.init import initial_vectors
-from store.table import TableConfig
+from store.table import TableConfig, unseen_vectors
+from stream.featurize import shared_ids
 from stream.schema import Schema
-from trainer.model import DeepFM
+from trainer.model import CtrModel
 from trainer.snapshot import Manifest, load_model, read_embeddings, read_manifest
 
 
@@ -24,25 +26,25 @@ from trainer.snapshot import Manifest, load_model, read_embeddings, read_manifes
 class ServedModel:
     version: str
     manifest: Manifest
-    model: DeepFM
+    model: CtrModel
     table: TableConfig
     ids: np.ndarray  # int64 (n,), sorted
     vectors: torch.Tensor  # float32 (n, E+1)
 
+    shared: torch.Tensor | None = None  # (F, E+1): each field's shared row (min_count >= 2)
+
     def rows(self, ids: np.ndarray) -> torch.Tensor:
-        """ids int64 (m,) -> vectors (m, E+1)."""
+        """ids int64 (n, F) -> vectors (n * F, E+1), by the trainer's own rule for unseen ids
+        (store.table.unseen_vectors)."""
         flat = ids.reshape(-1)
         pos = np.searchsorted(self.ids, flat).clip(max=max(len(self.ids) - 1, 0))
         found = (self.ids[pos] == flat) if len(self.ids) else np.zeros(len(flat), dtype=bool)
         out = torch.empty((len(flat), self.table.dim), dtype=torch.float32)
         if found.any():
             out[torch.from_numpy(found)] = self.vectors[torch.from_numpy(pos[found])]
-        if (~found).any() and self.table.min_count > 1:  # the trainer reads a shared zero row for these
-            out[torch.from_numpy(~found)] = 0.0
-        elif (~found).any():
-            out[torch.from_numpy(~found)] = initial_vectors(
-                flat[~found], self.table.dim, self.table.seed, self.table.init_std
-            )
+        if not found.all():
+            columns = np.tile(np.arange(ids.shape[-1]), len(flat) // ids.shape[-1])
+            out[torch.from_numpy(~found)] = unseen_vectors(flat, found, columns, self.table, self.shared)
         return out
 
 
@@ -57,5 +59,15 @@ def load_served_model(path: str | Path, version: str, schema: Schema) -> ServedM
     ids = emb["ids"].numpy().astype(np.int64)
     if len(ids) > 1 and not (np.diff(ids) > 0).all():
         raise ServingError(f"snapshot {path}: embedding ids are not sorted and unique")
-    table = TableConfig(**manifest.table)  # type: ignore[arg-type]
-    return ServedModel(version, manifest, load_model(path, manifest), table, ids, emb["vectors"])
+    table = TableConfig.from_dict(manifest.table)
+    served = ServedModel(version, manifest, load_model(path, manifest), table, ids, emb["vectors"])
+    if table.min_count <= 1:
+        return served
+    # the shared rows are read like any id, except that one never trained reads its initial vector
+    keys = shared_ids(schema)
+    pos = np.searchsorted(ids, keys).clip(max=max(len(ids) - 1, 0))
+    found = (ids[pos] == keys) if len(ids) else np.zeros(len(keys), dtype=bool)
+    shared = initial_vectors(keys, table.dim, table.seed, table.init_std)
+    if found.any():
+        shared[torch.from_numpy(found)] = emb["vectors"][torch.from_numpy(pos[found])]
+    return replace(served, shared=shared)

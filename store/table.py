@@ -1,20 +1,31 @@
 """EmbeddingTable: what the trainer talks to. Looks rows up by id, initializes unseen ids
-deterministically, and applies a sparse (lazy) Adam step to the rows a batch touched.
+deterministically, admits ids by frequency, and applies the sparse optimizer to the rows a batch
+touched (sparse_optim.py: Adagrad, FTRL-Proximal, Adam or SGD; the state lives in the row).
 
-Row layout in the tier, width 3 * dim: [vector (dim) | exp_avg (dim) | exp_avg_sq (dim)].
-Like torch.optim.SparseAdam, only touched rows' moments change, and bias correction uses the
-table's global step.
+Row layout in the tier, width 3 * dim: [vector (dim) | optimizer state (2 * dim)].
+
+Unseen ids, one rule for the trainer and for serving (`unseen_vectors`):
+  - min_count <= 1: an unseen id reads its deterministic initial vector (store/init.py) and gets a
+    row of its own when it is learned;
+  - min_count >= 2: an unseen id reads its field's *shared row* (one per field, keyed by the
+    shared id the caller names, trained by every rare occurrence of the field). The occurrence
+    trains that shared row until the id has been seen in `min_count` batches; from then on the id
+    has its own row, which starts from the deterministic initial vector. A brand-new value of a
+    field is thus scored with what the model learned about rare values of that field.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
+from store.admission import AdmissionSketch
 from store.errors import StoreError
 from store.init import initial_vectors
+from store.sparse_optim import SparseOptimConfig, cowclip, sparse_step
 from store.tier import Tier
 
 
@@ -23,61 +34,66 @@ class TableConfig:
     dim: int  # vector width per feature id
     seed: int = 0  # seed of the deterministic initializer
     init_std: float = 0.01  # std of initial vectors
-    lr: float = 0.001  # sparse Adam learning rate
-    beta1: float = 0.9  # sparse Adam first-moment decay
-    beta2: float = 0.999  # sparse Adam second-moment decay
-    eps: float = 1e-8  # sparse Adam denominator epsilon
-    min_count: int = 1  # an id gets its own row after this many batches; before, a shared zero row, untrained
-    optimizer: str = "adam"  # "adam" (lazy sparse Adam) or "sgd" (plain SGD: moments stay zero; for tests)
+    optim: SparseOptimConfig = field(default_factory=SparseOptimConfig)  # the sparse optimizer
+    min_count: int = 1  # an id gets its own row after this many batches; before, its field's shared row
+    admission_bytes: int = 16 << 20  # memory of the admission sketch (min_count >= 2), bytes
 
     def __post_init__(self) -> None:
-        if self.optimizer not in ("adam", "sgd"):
-            raise StoreError(f"TableConfig.optimizer={self.optimizer!r}; use 'adam' or 'sgd'")
+        if self.min_count < 1:
+            raise StoreError(f"TableConfig.min_count={self.min_count}: must be >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TableConfig:
+        data = dict(data)
+        data["optim"] = SparseOptimConfig(**data.get("optim", {}))
+        return cls(**data)
 
 
 @dataclass(frozen=True, eq=False)
 class Lookup:
-    """The rows of one batch: unique ids (u,), inverse (n,) into them, vectors (u, dim) on `device`."""
+    """The rows of one batch. unique_ids (u,): every row taking part (own rows and shared rows);
+    inverse (n,) into them; vectors (u, dim) what the model reads, on `device`; rows (u, 3 * dim)
+    what the optimizer updates (a newly admitted id: its initial row, though it was scored with
+    its field's shared row); counts (u,) occurrences in the batch; waiting: unseen ids below
+    min_count (their sighting is counted when the batch is learned)."""
 
     unique_ids: np.ndarray
     inverse: torch.Tensor
     vectors: torch.Tensor
-    rows: torch.Tensor  # full rows (u, 3 * dim), kept for the update
-    admitted: np.ndarray  # bool (u,): False for ids still below min_count (shared zero row, not trained)
-    found: np.ndarray  # bool (u,): the row already existed in the store
+    rows: torch.Tensor
+    counts: torch.Tensor
+    waiting: np.ndarray
+    new: int  # ids that got a row of their own in this batch
 
 
-def sparse_adam(rows: torch.Tensor, grad: torch.Tensor, step: int, cfg: TableConfig) -> torch.Tensor:
-    """One lazy Adam step on rows (u, 3*dim) with grad (u, dim) at global step `step` (1-based). Pure."""
-    d = cfg.dim
-    w, m, v = rows[:, :d], rows[:, d : 2 * d], rows[:, 2 * d :]
-    m = cfg.beta1 * m + (1 - cfg.beta1) * grad
-    v = cfg.beta2 * v + (1 - cfg.beta2) * grad * grad
-    m_hat = m / (1 - cfg.beta1**step)
-    v_hat = v / (1 - cfg.beta2**step)
-    w = w - cfg.lr * m_hat / (v_hat.sqrt() + cfg.eps)
-    return torch.cat([w, m, v], dim=1)
-
-
-def sparse_sgd(rows: torch.Tensor, grad: torch.Tensor, cfg: TableConfig) -> torch.Tensor:
-    """One plain SGD step on the vector part of rows (u, 3*dim); the moment columns are kept. Pure."""
-    d = cfg.dim
-    return torch.cat([rows[:, :d] - cfg.lr * grad, rows[:, d:]], dim=1)
-
-
-def optimizer_step(rows: torch.Tensor, grad: torch.Tensor, step: int, cfg: TableConfig) -> torch.Tensor:
-    return sparse_sgd(rows, grad, cfg) if cfg.optimizer == "sgd" else sparse_adam(rows, grad, step, cfg)
+def unseen_vectors(
+    unique: np.ndarray, found: np.ndarray, columns: np.ndarray, config: TableConfig, shared: torch.Tensor | None
+) -> torch.Tensor:
+    """What unseen ids read (the rule in the module docstring): for the ids of `unique` (u,) with
+    found False, the vectors (m, dim) of their initial rows or, with min_count >= 2, of their
+    columns' shared rows `shared` (F, dim)."""
+    missing = ~found
+    if config.min_count <= 1 or shared is None:
+        return initial_vectors(unique[missing], config.dim, config.seed, config.init_std)
+    return shared[torch.from_numpy(columns[missing])]
 
 
 class EmbeddingTable:
-    def __init__(self, tier: Tier, config: TableConfig) -> None:
+    def __init__(self, tier: Tier, config: TableConfig, shared_ids: np.ndarray | None = None) -> None:
         if tier.width != 3 * config.dim:
             raise StoreError(f"EmbeddingTable: tier width {tier.width} != 3 * dim ({3 * config.dim})")
+        if config.min_count > 1 and shared_ids is None:
+            raise StoreError("EmbeddingTable: min_count > 1 needs shared_ids (one shared row id per field)")
         self.tier = tier
         self.config = config
-        self.pending: dict[int, int] = {}  # ids below min_count -> batches seen so far
+        self.shared_ids = None if shared_ids is None else np.asarray(shared_ids, dtype=np.int64)
+        self.sketch = AdmissionSketch(config.admission_bytes, config.seed) if config.min_count > 1 else None
         self.admissions = 0
         self._touched: list[np.ndarray] = []  # ids written since the last take_touched() (replica merges)
+        self._sighted: list[np.ndarray] = []  # ids counted by the sketch since the last take_sighted()
 
     @property
     def dim(self) -> int:
@@ -88,47 +104,103 @@ class EmbeddingTable:
         rows[:, : self.dim] = initial_vectors(ids, self.dim, self.config.seed, self.config.init_std)
         return rows
 
+    def shared_vectors(self) -> torch.Tensor:
+        """(F, dim): the current vector of each field's shared row (its initial vector if never trained)."""
+        assert self.shared_ids is not None
+        rows, found = self.tier.read(self.shared_ids)
+        rows = rows.cpu()[:, : self.dim]
+        if not found.all():
+            rows[torch.from_numpy(~found)] = initial_vectors(
+                self.shared_ids[~found], self.dim, self.config.seed, self.config.init_std
+            )
+        return rows
+
     def lookup(self, ids: np.ndarray, device: torch.device | str = "cpu") -> Lookup:
-        """ids int64 of any shape -> Lookup; unseen ids get their deterministic initial row."""
-        unique, inverse = np.unique(ids.reshape(-1), return_inverse=True)
+        """ids int64 (n, F) (or any shape with min_count 1) -> the Lookup of their rows."""
+        flat = ids.reshape(-1)
+        unique, inverse = np.unique(flat, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        if self.sketch is None:
+            rows, found = self.tier.read(unique)
+            rows = rows.cpu()
+            fresh = np.nonzero(~found)[0]
+            if len(fresh):
+                rows[torch.from_numpy(fresh)] = self.fresh_rows(unique[fresh])
+            counts = np.bincount(inverse, minlength=len(unique))
+            return self._finish(
+                unique, inverse, rows, rows[:, : self.dim], counts, np.zeros(0, np.int64), len(fresh), device
+            )
+        return self._lookup_admitting(ids, unique, inverse, device)
+
+    def _lookup_admitting(
+        self, ids: np.ndarray, unique: np.ndarray, inverse: np.ndarray, device: torch.device | str
+    ) -> Lookup:
+        assert self.sketch is not None and self.shared_ids is not None
+        fields = len(self.shared_ids)
+        if ids.ndim != 2 or ids.shape[1] != fields:
+            raise StoreError(f"EmbeddingTable.lookup: ids of shape {ids.shape}; admission needs (n, {fields})")
         rows, found = self.tier.read(unique)
         rows = rows.cpu()
-        admitted = found.copy()
+        columns = np.zeros(len(unique), dtype=np.int64)
+        columns[inverse] = np.tile(np.arange(fields), ids.shape[0])
+        vectors = rows[:, : self.dim].clone()
         missing = np.nonzero(~found)[0]
-        if len(missing) and self.config.min_count > 1:
-            keys = unique[missing].tolist()
-            counts = np.fromiter((self.pending.get(k, 0) + 1 for k in keys), dtype=np.int64, count=len(keys))
-            admitted[missing] = counts >= self.config.min_count
-        elif len(missing):
-            admitted[missing] = True
-        fresh = np.nonzero(~found & admitted)[0]
-        if len(fresh):
-            rows[torch.from_numpy(fresh)] = self.fresh_rows(unique[fresh])
-        rows = rows.to(device)
-        return Lookup(unique, torch.from_numpy(inverse).to(device), rows[:, : self.dim], rows, admitted, found)
+        if len(missing) == 0:
+            counts = np.bincount(inverse, minlength=len(unique))
+            return self._finish(unique, inverse, rows, vectors, counts, np.zeros(0, np.int64), 0, device)
+        shared = self.shared_vectors()
+        vectors[torch.from_numpy(missing)] = unseen_vectors(unique, found, columns, self.config, shared)
+        admit = self.sketch.estimate(unique[missing]) + 1 >= self.config.min_count
+        new = missing[admit]
+        rows[torch.from_numpy(new)] = self.fresh_rows(unique[new])
+        # ids still waiting: their occurrences point at their field's shared row instead
+        waiting = missing[~admit]
+        keep = np.ones(len(unique), dtype=bool)
+        keep[waiting] = False
+        target = np.arange(len(unique))
+        own = np.cumsum(keep) - 1  # position among the kept rows
+        used_fields = np.unique(columns[waiting])
+        shared_pos = keep.sum() + np.searchsorted(used_fields, columns[waiting])
+        target = np.where(keep, own, 0)
+        target[waiting] = shared_pos
+        shared_rows, shared_found = self.tier.read(self.shared_ids[used_fields])
+        shared_rows = shared_rows.cpu()
+        if not shared_found.all():
+            fresh = np.nonzero(~shared_found)[0]
+            shared_rows[torch.from_numpy(fresh)] = self.fresh_rows(self.shared_ids[used_fields][fresh])
+        keep_t = torch.from_numpy(keep)
+        all_ids = np.concatenate([unique[keep], self.shared_ids[used_fields]])
+        all_rows = torch.cat([rows[keep_t], shared_rows])
+        all_vectors = torch.cat([vectors[keep_t], shared_rows[:, : self.dim]])
+        new_inverse = target[inverse]
+        counts = np.bincount(new_inverse, minlength=len(all_ids))
+        return self._finish(all_ids, new_inverse, all_rows, all_vectors, counts, unique[waiting], len(new), device)
+
+    def _finish(self, unique, inverse, rows, vectors, counts, waiting, new, device) -> Lookup:  # type: ignore[no-untyped-def]
+        return Lookup(
+            unique_ids=unique,
+            inverse=torch.from_numpy(inverse).to(device),
+            vectors=vectors.to(device),
+            rows=rows.to(device),
+            counts=torch.from_numpy(counts.astype(np.float32)).to(device),
+            waiting=waiting,
+            new=new,
+        )
 
     def update(self, lookup: Lookup, grad: torch.Tensor, step: int) -> None:
-        """Apply sparse Adam with grad (u, dim) to the admitted rows and write them back."""
-        new_rows = optimizer_step(lookup.rows, grad, step, self.config).detach()
-        keep = lookup.admitted
-        if not keep.all():
-            mask = torch.from_numpy(keep).to(new_rows.device)
-            new_rows = new_rows[mask]
-        ids = lookup.unique_ids[keep]
+        """Apply the sparse optimizer with grad (u, dim) (of the batch's summed loss) and write the rows back."""
+        grad = cowclip(grad, lookup.rows[:, : self.dim], lookup.counts, self.config.optim)
+        new_rows = sparse_step(lookup.rows, grad, step, self.config.optim).detach()
         self.count_sightings(lookup)
-        self.tier.write(ids, new_rows, step=step)
-        self._touched.append(ids)
+        self.tier.write(lookup.unique_ids, new_rows, step=step)
+        self._touched.append(lookup.unique_ids)
 
     def count_sightings(self, lookup: Lookup) -> None:
-        """min_count bookkeeping: count this sighting of ids still waiting; admit the ones that made it."""
-        if self.config.min_count <= 1:
-            return
-        new, keep = ~lookup.found, lookup.admitted
-        for key in lookup.unique_ids[new & ~keep].tolist():
-            self.pending[key] = self.pending.get(key, 0) + 1
-        for key in lookup.unique_ids[new & keep].tolist():
-            self.pending.pop(key, None)
-        self.admissions += int((new & keep).sum())
+        """Admission bookkeeping: one more sighting of every id still waiting."""
+        self.admissions += lookup.new
+        if self.sketch is not None and len(lookup.waiting):
+            self.sketch.add(lookup.waiting)
+            self._sighted.append(lookup.waiting)
 
     # --- what replica merges need (trainer/merge.py) ---------------------------------------
     def take_touched(self) -> np.ndarray:
@@ -137,6 +209,17 @@ class EmbeddingTable:
         self._touched = []
         return touched
 
+    def take_sighted(self) -> np.ndarray:
+        """Ids counted by the admission sketch since the last call (with repeats); resets the record."""
+        sighted = np.concatenate(self._sighted) if self._sighted else np.zeros(0, dtype=np.int64)
+        self._sighted = []
+        return sighted
+
+    def add_sightings(self, ids: np.ndarray) -> None:
+        """Count sightings other replicas made (a merge), so every replica admits the same ids."""
+        if self.sketch is not None:
+            self.sketch.add(ids)
+
     def stored_rows(self, ids: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
         """Rows (n, 3*dim) on the host for unique ids, and held (n,): whether this store has the row."""
         rows, held = self.tier.read(ids)
@@ -144,9 +227,6 @@ class EmbeddingTable:
 
     def put(self, ids: np.ndarray, rows: torch.Tensor, step: int) -> None:
         """Overwrite (or create) rows for unique ids: merged rows are admitted wherever they land."""
-        if self.pending:
-            for key in ids.tolist():
-                self.pending.pop(key, None)
         self.tier.write(ids, rows, step=step)
 
     def apply_grad(self, ids: np.ndarray, grad: torch.Tensor, step: int) -> None:
@@ -156,7 +236,7 @@ class EmbeddingTable:
         if not held.all():
             fresh = np.nonzero(~held)[0]
             rows[torch.from_numpy(fresh)] = self.fresh_rows(ids[fresh])
-        self.put(ids, optimizer_step(rows, grad.cpu(), step, self.config).detach(), step)
+        self.put(ids, sparse_step(rows, grad.cpu(), step, self.config.optim).detach(), step)
 
     def export(self) -> tuple[np.ndarray, torch.Tensor]:
         """Every row: ids int64 (n,) sorted, rows float32 (n, 3*dim)."""
@@ -176,11 +256,9 @@ class EmbeddingTable:
         return len(self.tier)
 
     def stats(self) -> dict[str, float]:
-        stats = {
-            "bytes_used": float(self.tier.bytes_used()),
-            "admissions": float(self.admissions),
-            "pending_admission": float(len(self.pending)),
-        }
+        stats = {"bytes_used": float(self.tier.bytes_used()), "admissions": float(self.admissions)}
+        if self.sketch is not None:
+            stats["admission_sketch_bytes"] = float(self.sketch.bytes_used)
         tier_stats = getattr(self.tier, "stats", None)
         if tier_stats:  # a tiered store reports rows per tier; counting their union would scan RocksDB
             return {**stats, **tier_stats()}

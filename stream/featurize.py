@@ -4,6 +4,7 @@ Feature ids are 64-bit and need no vocabulary:
   hex32 categories:   id = field << 33 | value           (collision-free: value < 2^32)
   integer buckets:    id = field << 33 | bucket          (bucket < 2^32)
   missing value:      id = field << 33 | 1 << 32         (outside any real value; 0xffffffff is real)
+  shared (rare) row:  id = field << 33 | 1 << 32 | 1     (the field's row for ids not yet admitted)
   string categories:  id = 1 << 62 | blake2b-62(field, value)   (stable hash, for other schemas)
 field = position in schema.sparse_fields (integer fields first). Ids stay below 2^63, so they fit
 torch's int64.
@@ -59,6 +60,17 @@ def string_id(field: int, value: str) -> int:
 
 def missing_id(field: int) -> int:
     return (field << FIELD_SHIFT) | MISSING
+
+
+def shared_id(field: int) -> int:
+    """The id of the field's shared row, read and trained by values seen too rarely to have their
+    own (frequency admission, store/table.py); outside every real value and the missing id."""
+    return (field << FIELD_SHIFT) | MISSING | 1
+
+
+def shared_ids(schema: Schema) -> np.ndarray:
+    """int64 (F,): shared_id of every sparse field, in column order."""
+    return np.array([shared_id(f) for f in range(schema.num_sparse)], dtype=np.int64)
 
 
 def features_from_columns(

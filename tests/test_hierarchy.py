@@ -14,10 +14,11 @@ import torch
 from store.errors import StoreError
 from store.hierarchy import HierarchyConfig, TieredStore
 from store.ram import RamTier
+from store.sparse_optim import SparseOptimConfig
 from store.table import EmbeddingTable, TableConfig
 from tests.test_store import tiny_hierarchy
 from trainer.batch import Batch
-from trainer.model import DeepFM, ModelConfig
+from trainer.model import CtrModel, ModelConfig
 from trainer.step import train_step
 
 
@@ -99,17 +100,23 @@ def test_checkpoint_restore_round_trip(tmp_path):
         TieredStore.restore(tmp_path / "nothing", config)
 
 
-def test_admission_needs_min_count_sightings():
-    table = EmbeddingTable(RamTier(3 * 2, 1 << 20), TableConfig(dim=2, min_count=2))
-    ids = np.array([5, 6], dtype=np.int64)
-    first = table.lookup(ids)
-    assert not first.admitted.any() and first.vectors.abs().sum() == 0  # the shared zero row
+def test_admission_needs_min_count_sightings_and_trains_the_fields_shared_row():
+    shared = np.array([1000, 2000], dtype=np.int64)  # one shared row per field (column)
+    table = EmbeddingTable(RamTier(3 * 2, 1 << 20), TableConfig(dim=2, min_count=2), shared_ids=shared)
+    first = table.lookup(np.array([[5, 6], [5, 7]], dtype=np.int64))
+    # every id is new: each occurrence reads and trains its field's shared row
+    assert sorted(first.unique_ids.tolist()) == [1000, 2000] and first.new == 0
+    assert first.inverse.tolist() == [0, 1, 0, 1]
     table.update(first, torch.ones(2, 2), step=1)
-    assert len(table) == 0 and table.stats()["pending_admission"] == 2
-    second = table.lookup(np.array([5], dtype=np.int64))
-    assert second.admitted.all()
-    table.update(second, torch.ones(1, 2), step=2)
-    assert table.tier.all_ids().tolist() == [5] and table.stats()["admissions"] == 1
+    assert sorted(table.tier.all_ids().tolist()) == [1000, 2000]
+    np.testing.assert_array_equal(table.sketch.estimate(np.array([5, 6, 7, 8])), [1, 1, 1, 0])
+    second = table.lookup(np.array([[5, 8]], dtype=np.int64))
+    # 5's second sighting admits it (scored with the shared row it has trained so far); 8 still waits
+    assert sorted(second.unique_ids.tolist()) == [5, 2000] and second.new == 1
+    shared_now = table.shared_vectors()
+    torch.testing.assert_close(second.vectors[second.inverse], shared_now[[0, 1]])
+    table.update(second, torch.ones(2, 2), step=2)
+    assert sorted(table.tier.all_ids().tolist()) == [5, 1000, 2000] and table.stats()["admissions"] == 1
 
 
 def _batches(n_batches: int, seed: int = 0) -> list[Batch]:
@@ -129,8 +136,8 @@ def _batches(n_batches: int, seed: int = 0) -> list[Batch]:
 
 def _train(tier, batches):
     config = ModelConfig(num_fields=5, num_dense=3, embed_dim=3, hidden=(8,), seed=1)
-    table = EmbeddingTable(tier, TableConfig(dim=config.row_dim, seed=2, lr=0.05))
-    model = DeepFM(config)
+    table = EmbeddingTable(tier, TableConfig(dim=config.row_dim, seed=2, optim=SparseOptimConfig("adam", lr=0.05)))
+    model = CtrModel(config)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     for step, batch in enumerate(batches, start=1):
         train_step(model, opt, table, batch, step)
@@ -155,9 +162,11 @@ import sys, numpy as np, torch
 sys.path.insert(0, {root!r})
 from tests.test_hierarchy import _batches
 from tests.test_store import tiny_hierarchy
+from store.sparse_optim import SparseOptimConfig
+from store.sparse_optim import SparseOptimConfig
 from store.table import EmbeddingTable, TableConfig
 store = tiny_hierarchy({path!r}, width=12, device_rows=160, ram_rows=40)
-table = EmbeddingTable(store, TableConfig(dim=4, seed=2, lr=0.05))
+table = EmbeddingTable(store, TableConfig(dim=4, seed=2, optim=SparseOptimConfig("adam", lr=0.05)))
 rng = np.random.default_rng(1)
 for step, batch in enumerate(_batches(100000), start=1):
     lookup = table.lookup(batch.ids)
@@ -169,7 +178,7 @@ for step, batch in enumerate(_batches(100000), start=1):
 
 def _replay_to(step: int, path) -> dict[int, np.ndarray]:
     store = tiny_hierarchy(path, width=12, device_rows=160, ram_rows=40)
-    table = EmbeddingTable(store, TableConfig(dim=4, seed=2, lr=0.05))
+    table = EmbeddingTable(store, TableConfig(dim=4, seed=2, optim=SparseOptimConfig("adam", lr=0.05)))
     rng = np.random.default_rng(1)
     for s, batch in enumerate(_batches(step), start=1):
         lookup = table.lookup(batch.ids)

@@ -34,9 +34,20 @@ def make_batches(seed: int, steps: int = 4, size: int = 32, vocab: int = 60) -> 
     return out
 
 
-def settings(optimizer: str) -> TrainerSettings:
+def settings(optimizer: str, sparse: str | None = None, **changes: object) -> TrainerSettings:
+    """Dense `optimizer` ("adam" or "sgd"); the sparse one is `sparse`, else the same as the dense."""
     lr = 0.05 if optimizer == "sgd" else 0.01
-    return TrainerSettings(embed_dim=4, hidden=(8,), optimizer=optimizer, lr=lr, sparse_lr=lr, threads=1)
+    return TrainerSettings(
+        embed_dim=4,
+        hidden=(8,),
+        optimizer=optimizer,
+        sparse_optimizer=sparse or optimizer,
+        lr=lr,
+        sparse_lr=lr,
+        wide_lr=lr,
+        threads=1,
+        **changes,  # type: ignore[arg-type]
+    )
 
 
 def state(trainer: Trainer) -> dict[str, np.ndarray]:
@@ -71,8 +82,8 @@ def merge_every_step_vs_sync(optimizer: str) -> tuple[dict, dict]:
     return state(merging), state(syncing)
 
 
-def same_batches_with_adam(k: int) -> dict:
-    trainer = Trainer(load_schema("criteo"), settings("adam"))
+def same_batches(k: int, sparse: str) -> dict:
+    trainer = Trainer(load_schema("criteo"), settings("adam", sparse))
     for i, batch in enumerate(make_batches(seed=7, steps=6), start=1):
         trainer.learn(batch)
         if i % k == 0:
@@ -90,6 +101,18 @@ def local_steps_then_merge() -> tuple[dict, dict]:
     stats = trainer.merge()
     assert stats.rows > 0 and stats.dense_bytes > 0
     return before, state(trainer)
+
+
+def admission_counts_after_a_merge() -> tuple[np.ndarray, np.ndarray]:
+    import torch.distributed as dist
+
+    trainer = Trainer(load_schema("criteo"), settings("adam", "ftrl", min_count=3, admission_bytes=1 << 16))
+    for batch in make_batches(seed=dist.get_rank(), steps=2):
+        trainer.learn(batch)
+    assert trainer.table.sketch is not None
+    before = trainer.table.sketch.counts.copy()
+    trainer.merge()
+    return before, trainer.table.sketch.counts.copy()
 
 
 def rows_of(rank: int, ids: list[int]) -> tuple[np.ndarray, torch.Tensor]:
@@ -133,14 +156,23 @@ def test_adam_merge_every_step_differs_from_synchronous_adam():
     assert not np.allclose(merge0["w.mlp.0.weight"], sync0["w.mlp.0.weight"], atol=1e-6)
 
 
+@pytest.mark.parametrize("sparse", ["adam", "adagrad", "ftrl"])
 @pytest.mark.parametrize("k", [1, 3])
-def test_adam_replicas_fed_the_same_batches_equal_one_process(k):
-    replicas = launch_local(same_batches_with_adam, 2, k)
-    alone = Trainer(load_schema("criteo"), settings("adam"))
+def test_replicas_fed_the_same_batches_equal_one_process(k, sparse):
+    """Whatever the sparse optimizer keeps in its rows is averaged with them."""
+    replicas = launch_local(same_batches, 2, k, sparse)
+    alone = Trainer(load_schema("criteo"), settings("adam", sparse))
     for batch in make_batches(seed=7, steps=6):
         alone.learn(batch)
     for replica in replicas:
         assert_states_close(replica, state(alone))
+
+
+def test_a_merge_shares_admission_counts_so_every_replica_admits_the_same_ids():
+    (before0, after0), (before1, after1) = launch_local(admission_counts_after_a_merge, 2)
+    np.testing.assert_array_equal(after0, after1)
+    np.testing.assert_array_equal(after0.astype(np.int64), before0.astype(np.int64) + before1.astype(np.int64))
+    assert before0.sum() > 0 and not np.array_equal(before0, before1)
 
 
 def test_merged_parameters_and_moments_match_a_hand_computation():

@@ -2,18 +2,21 @@ import numpy as np
 import torch
 
 from store.ram import RamTier
+from store.sparse_optim import SparseOptimConfig
 from store.table import EmbeddingTable, TableConfig
 from tests.test_batch_codec import make_batch
 from trainer.batch import Batch, batch_from_features
 from trainer.metrics import ProgressiveMetrics, auc_exact, logloss
-from trainer.model import DeepFM, ModelConfig
+from trainer.model import CtrModel, ModelConfig
 from trainer.step import predict, train_step
 
 
 def small(seed: int = 0):
     config = ModelConfig(num_fields=39, num_dense=13, embed_dim=4, hidden=(16,), seed=seed)
-    table = EmbeddingTable(RamTier(3 * config.row_dim, 1 << 24), TableConfig(dim=config.row_dim, lr=0.05))
-    model = DeepFM(config)
+    table = EmbeddingTable(
+        RamTier(3 * config.row_dim, 1 << 24), TableConfig(dim=config.row_dim, optim=SparseOptimConfig("adam", lr=0.05))
+    )
+    model = CtrModel(config)
     return model, torch.optim.Adam(model.parameters(), lr=0.01), table
 
 
@@ -28,14 +31,14 @@ def test_deepfm_shapes_and_seeded_init():
     model, _, _ = small()
     logits = model(torch.zeros(8, 39, 5), torch.zeros(8, 13))
     assert logits.shape == (8,)
-    other = DeepFM(ModelConfig(39, 13, 4, (16,), seed=0))
-    for a, b in zip(model.state_dict().values(), other.state_dict().values()):
+    other = CtrModel(ModelConfig(39, 13, 4, (16,), seed=0))
+    for a, b in zip(model.parameters(), other.parameters()):  # buffers hold the dense statistics seen
         assert torch.equal(a, b)
 
 
 def test_fm_term_is_pairwise_dot_products():
     config = ModelConfig(num_fields=3, num_dense=1, embed_dim=2, hidden=(4,))
-    model = DeepFM(config)
+    model = CtrModel(config)
     for p in model.parameters():
         torch.nn.init.zeros_(p)
     rows = torch.tensor([[[1.0, 2.0, 0.0], [3.0, 4.0, 0.0], [5.0, 6.0, 0.0]]])

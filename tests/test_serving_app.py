@@ -84,7 +84,10 @@ def test_503_until_a_model_then_hot_swap(schema, snapshots):
         assert versions == {"1", "2"}
         info = client.get("/model").json()
         assert info["model_version"] == "2" and info["step"] == 4 and info["schema_hash"] == schema.hash
-        assert b"adstream_serving_model_swaps_total" in client.get("/metrics").content
+        metrics = client.get("/metrics").text
+        assert "adstream_serving_model_swaps_total" in metrics
+        ece = snapshots[1].manifest.metrics["progressive_ece"]
+        assert f'adstream_serving_model_metric{{metric="progressive_ece"}} {ece}' in metrics
 
 
 def test_refresh_errors_keep_the_old_model(schema, snapshots):

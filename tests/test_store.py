@@ -9,6 +9,7 @@ from store.hierarchy import HierarchyConfig, TieredStore
 from store.init import initial_vectors
 from store.ram import RamTier
 from store.rocks import RocksTier
+from store.sparse_optim import SparseOptimConfig
 from store.table import EmbeddingTable, TableConfig
 from store.tier import Tier
 
@@ -116,13 +117,15 @@ def test_lookup_dedups_and_inits_unseen():
 def test_sparse_adam_equals_torch_sparse_adam():
     """The table's row-wise Adam, over several steps with different touched rows, == torch.optim.SparseAdam."""
     dim, n = 4, 10
-    cfg = TableConfig(dim=dim, seed=2, lr=0.05)
+    cfg = TableConfig(dim=dim, seed=2, optim=SparseOptimConfig("adam", lr=0.05))
     table = EmbeddingTable(RamTier(3 * dim, 1 << 20), cfg)
     all_ids = np.arange(n, dtype=np.int64)
     reference = torch.nn.Embedding(n, dim, sparse=True)
     with torch.no_grad():
         reference.weight.copy_(initial_vectors(all_ids, dim, cfg.seed, cfg.init_std))
-    opt = torch.optim.SparseAdam(reference.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    opt = torch.optim.SparseAdam(
+        reference.parameters(), lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps
+    )
     rng = np.random.default_rng(0)
     target = torch.from_numpy(rng.normal(size=(n, dim)).astype(np.float32))
     for step in range(1, 8):
@@ -140,7 +143,7 @@ def test_sparse_adam_equals_torch_sparse_adam():
 
 
 def test_state_moves_with_the_row():
-    table = EmbeddingTable(RamTier(3 * 2, 1 << 20), TableConfig(dim=2))
+    table = EmbeddingTable(RamTier(3 * 2, 1 << 20), TableConfig(dim=2, optim=SparseOptimConfig("adam")))
     lookup = table.lookup(np.array([42], dtype=np.int64))
     table.update(lookup, torch.ones(1, 2), step=1)
     ids, rows = table.export()

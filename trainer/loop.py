@@ -38,6 +38,11 @@ from trainer.snapshot import latest_snapshot
 log = logging.getLogger("adstream.trainer")
 AUC = Gauge("adstream_trainer_progressive_auc", "cumulative progressive AUC over every replica")
 WINDOW_AUC = Gauge("adstream_trainer_window_auc", "sliding-window progressive AUC of this replica")
+CALIBRATION = Gauge(
+    "adstream_trainer_calibration",
+    "progressive calibration over every replica: ece (10 bins), mean_ctr (predicted), observed_ctr",
+    ["stat"],
+)
 STORE = Gauge("adstream_trainer_store", "embedding store statistics (hit rates, evictions, bytes...)", ["stat"])
 
 
@@ -216,6 +221,8 @@ def _run(  # noqa: C901 (the loop reads top to bottom; its parts are named closu
         everyone = control.gather(mine)
         AUC.set(merged["progressive_auc"])
         WINDOW_AUC.set(mine["window_auc"])
+        for stat in ("ece", "mean_ctr", "observed_ctr"):
+            CALIBRATION.labels(stat).set(merged[f"progressive_{stat}"])
         store_stats = {f"store_{key}": value for key, value in trainer.table.stats().items()}
         for key, value in store_stats.items():
             STORE.labels(key).set(value)

@@ -74,9 +74,10 @@ def ensure_adam_state(optimizer: torch.optim.Optimizer) -> None:
 
 
 def dense_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    """What a dense merge averages: every parameter, then Adam's moments (none for SGD)."""
+    """What a dense merge averages: every parameter, the float buffers (the dense features' running
+    statistics), then Adam's moments (none for SGD)."""
     ensure_adam_state(optimizer)
-    tensors = [p.data for p in model.parameters()]
+    tensors = [p.data for p in model.parameters()] + [b for b in model.buffers() if b.is_floating_point()]
     if isinstance(optimizer, torch.optim.Adam):
         for p in model.parameters():
             tensors += [optimizer.state[p]["exp_avg"], optimizer.state[p]["exp_avg_sq"]]
@@ -137,21 +138,8 @@ def average_dense(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> i
 
 def union_ids(ids: np.ndarray) -> tuple[np.ndarray, int]:
     """Sorted union over the ranks of each rank's int64 ids; returns (union, bytes sent)."""
-    if alone():
-        return np.unique(ids), 0
-    device, world = comm_device(), dist.get_world_size()
-    length = torch.tensor([len(ids)], dtype=torch.int64, device=device)
-    lengths = [torch.zeros_like(length) for _ in range(world)]
-    dist.all_gather(lengths, length)
-    longest = max(int(n.item()) for n in lengths)
-    if longest == 0:
-        return np.zeros(0, dtype=np.int64), 8
-    padded = torch.zeros(longest, dtype=torch.int64, device=device)
-    padded[: len(ids)] = torch.from_numpy(ids).to(device)
-    gathered = [torch.zeros_like(padded) for _ in range(world)]
-    dist.all_gather(gathered, padded)
-    parts = [g[: int(n.item())].cpu().numpy() for g, n in zip(gathered, lengths)]
-    return np.unique(np.concatenate(parts)), 8 + 8 * longest
+    parts, sent = gather_ids(ids)
+    return np.unique(np.concatenate(parts)), sent
 
 
 def average_rows(table: EmbeddingTable, touched: np.ndarray, step: int) -> tuple[int, int]:
@@ -177,6 +165,46 @@ def average_rows(table: EmbeddingTable, touched: np.ndarray, step: int) -> tuple
     merged = (payload[:, :-1].cpu() / count.clamp(min=1))[torch.from_numpy(keep)]
     table.put(union[keep], merged, step)
     return int(keep.sum()), sent
+
+
+def gather_ids(ids: np.ndarray) -> tuple[list[np.ndarray], int]:
+    """Every rank's int64 ids (n_r,), in rank order; returns (per-rank arrays, bytes sent)."""
+    if alone():
+        return [ids], 0
+    device, world = comm_device(), dist.get_world_size()
+    length = torch.tensor([len(ids)], dtype=torch.int64, device=device)
+    lengths = [torch.zeros_like(length) for _ in range(world)]
+    dist.all_gather(lengths, length)
+    longest = max(int(n.item()) for n in lengths)
+    if longest == 0:
+        return [np.zeros(0, dtype=np.int64) for _ in range(world)], 8
+    padded = torch.zeros(longest, dtype=torch.int64, device=device)
+    padded[: len(ids)] = torch.from_numpy(ids).to(device)
+    gathered = [torch.zeros_like(padded) for _ in range(world)]
+    dist.all_gather(gathered, padded)
+    return [g[: int(n.item())].cpu().numpy() for g, n in zip(gathered, lengths)], 8 + 8 * longest
+
+
+def share_sightings(table: EmbeddingTable) -> int:
+    """Admission counts: each rank adds the sightings the others counted since the last call, so
+    every replica admits the same ids at the same time. Returns bytes sent (0 without admission)."""
+    if table.sketch is None:
+        return 0
+    mine = table.take_sighted()
+    if alone():
+        return 0
+    parts, sent = gather_ids(mine)
+    rank = dist.get_rank()
+    others = [p for r, p in enumerate(parts) if r != rank]
+    if others:
+        table.add_sightings(np.concatenate(others))
+    return sent
+
+
+def average_buffers(model: torch.nn.Module) -> int:
+    """The model's float buffers (the dense features' running statistics) averaged in place, so
+    synchronous replicas keep normalizing alike; returns bytes sent."""
+    return average_tensors([b for b in model.buffers() if b.is_floating_point()])
 
 
 def average_grads(model: torch.nn.Module) -> int:

@@ -1,4 +1,8 @@
-"""Progressive (test-then-train) AUC and logloss, cumulative and over a sliding window.
+"""Progressive (test-then-train) AUC, logloss and calibration, cumulative and over a sliding window.
+
+Calibration: a CTR is a price input, so the mean predicted CTR should match the observed click
+rate, in every range of predictions. The expected calibration error (ECE) over 10 equal-width
+bins of predicted probability is sum_b (n_b / N) * |mean prediction in b - click rate in b|.
 
 Cumulative AUC uses fixed histograms of predicted probability (bounded memory for an endless
 stream; ties within a bin count one half, error well below 1e-3 with 10^4 bins); the window AUC
@@ -30,6 +34,43 @@ def auc_exact(labels: np.ndarray, probs: np.ndarray) -> float:
     return float((ranks[labels == 1].sum() - pos * (pos + 1) / 2) / (pos * neg))
 
 
+CALIBRATION_BINS = 10
+
+
+def calibration_sums(labels: np.ndarray, probs: np.ndarray, bins: int = CALIBRATION_BINS) -> np.ndarray:
+    """(3, bins) float64: per bin of predicted probability, [events, sum of predictions, clicks]."""
+    idx = np.clip((np.asarray(probs) * bins).astype(np.int64), 0, bins - 1)
+    return np.stack(
+        [
+            np.bincount(idx, minlength=bins).astype(np.float64),
+            np.bincount(idx, weights=np.asarray(probs, dtype=np.float64), minlength=bins),
+            np.bincount(idx, weights=np.asarray(labels, dtype=np.float64), minlength=bins),
+        ]
+    )
+
+
+def ece_from_sums(sums: np.ndarray) -> float:
+    """Expected calibration error from calibration_sums (NaN without events)."""
+    total = sums[0].sum()
+    if total == 0:
+        return float("nan")
+    return float(np.abs(sums[1] - sums[2]).sum() / total)
+
+
+def ece(labels: np.ndarray, probs: np.ndarray, bins: int = CALIBRATION_BINS) -> float:
+    """Expected calibration error over `bins` equal-width bins of predicted probability."""
+    return ece_from_sums(calibration_sums(labels, probs, bins))
+
+
+def calibration_summary(sums: np.ndarray, prefix: str) -> dict[str, float]:
+    total = sums[0].sum()
+    return {
+        f"{prefix}_ece": ece_from_sums(sums),
+        f"{prefix}_mean_ctr": float(sums[1].sum() / total) if total else float("nan"),
+        f"{prefix}_observed_ctr": float(sums[2].sum() / total) if total else float("nan"),
+    }
+
+
 def logloss(labels: np.ndarray, probs: np.ndarray) -> float:
     p = np.clip(probs, _EPS, 1 - _EPS)
     return float(-np.mean(labels * np.log(p) + (1 - labels) * np.log(1 - p)))
@@ -42,6 +83,7 @@ class ProgressiveMetrics:
         self.neg_hist = np.zeros(bins, dtype=np.int64)
         self.loss_sum = 0.0
         self.count = 0
+        self.calibration = np.zeros((3, CALIBRATION_BINS))  # see calibration_sums
         self._window: deque[tuple[np.ndarray, np.ndarray]] = deque()
         self._window_len = 0
         self.window = window
@@ -52,6 +94,7 @@ class ProgressiveMetrics:
         self.neg_hist += np.bincount(idx[labels == 0], minlength=self.bins)
         self.loss_sum += logloss(labels, probs) * len(labels)
         self.count += len(labels)
+        self.calibration += calibration_sums(labels, probs)
         self._window.append((labels, probs))
         self._window_len += len(labels)
         while self._window_len - len(self._window[0][0]) >= self.window:
@@ -79,6 +122,8 @@ class ProgressiveMetrics:
             "progressive_logloss": self.logloss(),
             "window_auc": auc_exact(labels, probs) if len(labels) else float("nan"),
             "window_logloss": logloss(labels, probs) if len(labels) else float("nan"),
+            **calibration_summary(self.calibration, "progressive"),
+            **calibration_summary(calibration_sums(labels, probs), "window"),
             "events": float(self.count),
         }
 
@@ -93,13 +138,20 @@ def merged_summary(metrics: ProgressiveMetrics) -> dict[str, float]:
     merged = ProgressiveMetrics(window=1, bins=metrics.bins)
     hist = torch.from_numpy(np.stack([metrics.pos_hist, metrics.neg_hist]))
     sums = torch.tensor([metrics.loss_sum, float(metrics.count)], dtype=torch.float64)
+    calibration = torch.from_numpy(metrics.calibration.copy())
     if dist.is_initialized():
         from trainer.merge import comm_device
 
-        hist, sums = hist.to(comm_device()), sums.to(comm_device())
+        hist, sums, calibration = hist.to(comm_device()), sums.to(comm_device()), calibration.to(comm_device())
         dist.all_reduce(hist)
         dist.all_reduce(sums)
-        hist, sums = hist.cpu(), sums.cpu()
+        dist.all_reduce(calibration)
+        hist, sums, calibration = hist.cpu(), sums.cpu(), calibration.cpu()
     merged.pos_hist, merged.neg_hist = hist[0].numpy(), hist[1].numpy()
     merged.loss_sum, merged.count = float(sums[0]), int(sums[1])
-    return {"progressive_auc": merged.auc(), "progressive_logloss": merged.logloss(), "events": float(merged.count)}
+    return {
+        "progressive_auc": merged.auc(),
+        "progressive_logloss": merged.logloss(),
+        **calibration_summary(calibration.numpy(), "progressive"),
+        "events": float(merged.count),
+    }

@@ -1,10 +1,18 @@
-"""DeepFM over per-field embeddings: FM (first + second order) plus an MLP over the fields and dense features.
+"""The model families behind one trainer: LR, FM, DeepFM and DCN-v2, chosen by `ModelConfig.kind`.
 
-Inputs per batch of B events, F sparse fields, D dense floats, embedding width E:
+Every family reads the same inputs, so the store, merge, snapshot and serving paths do not care
+which one runs. Per batch of B events, F sparse fields, D dense floats, embedding width E:
   rows  (B, F, E + 1): each field's row from the store: E factor values + 1 first-order weight
   dense (B, D)
-Output: logits (B,). The embedding rows live in the store, not in this module, so the dense part
-here is what data-parallel trainers average and what a snapshot's dense.safetensors holds.
+Output: logits (B,). The embedding rows live in the store, not in these modules, so the dense
+part here is what replicas average and what a snapshot's dense.safetensors holds.
+
+All families share the wide part: bias + sum of the fields' first-order weights + a linear term
+over the (online-normalized) dense features. On top of it:
+  lr      nothing (logistic regression over one-hot ids and dense floats)
+  fm      + pairwise factor interactions, 0.5 * (|sum v|^2 - sum |v|^2)     (Rendle, 2010)
+  deepfm  + fm + an MLP over [factors, dense]                               (Guo et al., 2017)
+  dcn     + cross layers x_{l+1} = x0 * (W x_l + b) + x_l, then an MLP      (Wang et al., DCN-v2, 2021)
 """
 
 from __future__ import annotations
@@ -14,14 +22,23 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+MODEL_KINDS = ("lr", "fm", "deepfm", "dcn")
+
 
 @dataclass(frozen=True)
 class ModelConfig:
     num_fields: int  # F: sparse fields per event
     num_dense: int  # D: dense floats per event
     embed_dim: int = 8  # E: factor width; store rows are E + 1 wide (factor + linear weight)
-    hidden: tuple[int, ...] = (128, 64)  # MLP layer widths
+    hidden: tuple[int, ...] = (128, 64)  # MLP layer widths (deepfm, dcn)
     seed: int = 0  # seed of the dense initialization
+    kind: str = "deepfm"  # one of MODEL_KINDS
+    cross_layers: int = 2  # cross layers (dcn)
+    dense_norm: bool = True  # standardize dense features by running mean / variance
+
+    def __post_init__(self) -> None:
+        if self.kind not in MODEL_KINDS:
+            raise ValueError(f"model kind {self.kind!r}; use one of {list(MODEL_KINDS)}")
 
     @property
     def row_dim(self) -> int:
@@ -37,27 +54,91 @@ class ModelConfig:
         return cls(**data)  # type: ignore[arg-type]
 
 
-class DeepFM(nn.Module):
+class OnlineNorm(nn.Module):
+    """Dense features standardized by their running mean and variance, (B, D) -> (B, D).
+
+    In training mode a batch is normalized with the statistics of the batches before it, then
+    folded into them (so a batch's scores never depend on its own values). The count is capped so
+    that the statistics keep following a drifting stream. The buffers are part of the model:
+    snapshots hold them and replica merges average them.
+    """
+
+    count: torch.Tensor  # () events folded in (capped)
+    mean: torch.Tensor  # (D,)
+    var: torch.Tensor  # (D,)
+
+    def __init__(self, width: int, cap: float = 1e6, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.cap, self.eps = cap, eps
+        self.register_buffer("count", torch.zeros(()))
+        self.register_buffer("mean", torch.zeros(width))
+        self.register_buffer("var", torch.ones(width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = (x - self.mean) / torch.sqrt(self.var + self.eps)
+        if self.training and len(x):
+            with torch.no_grad():
+                n = float(len(x))
+                batch_mean = x.mean(dim=0)
+                batch_var = x.var(dim=0, unbiased=False)
+                total = self.count + n
+                delta = batch_mean - self.mean
+                # Chan et al.'s pairwise combination; before any data the prior is mean 0, var 1
+                old_var = torch.where(self.count > 0, self.var, torch.zeros_like(self.var))
+                self.mean += delta * (n / total)
+                self.var.copy_((old_var * self.count + batch_var * n + delta * delta * self.count * n / total) / total)
+                self.count.copy_(torch.clamp(total, max=self.cap))
+        return out
+
+
+def _mlp(width: int, hidden: tuple[int, ...]) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for h in hidden:
+        layers += [nn.Linear(width, h), nn.ReLU()]
+        width = h
+    out = nn.Linear(width, 1)
+    # the deep part starts at exactly zero, so a fresh model is its wide part (plus FM) and the MLP
+    # adds to it only what it learns; a random head would add noise to every early prediction
+    nn.init.zeros_(out.weight)
+    nn.init.zeros_(out.bias)
+    layers.append(out)
+    return nn.Sequential(*layers)
+
+
+class CtrModel(nn.Module):
+    """One module for every family (the parts a family does not use are not built)."""
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
         generator_state = torch.random.get_rng_state()
         torch.manual_seed(config.seed)
         self.bias = nn.Parameter(torch.zeros(1))
+        self.norm = OnlineNorm(config.num_dense) if config.dense_norm else nn.Identity()
         self.dense_linear = nn.Linear(config.num_dense, 1, bias=False)
-        layers: list[nn.Module] = []
         width = config.num_fields * config.embed_dim + config.num_dense
-        for h in config.hidden:
-            layers += [nn.Linear(width, h), nn.ReLU()]
-            width = h
-        layers.append(nn.Linear(width, 1))
-        self.mlp = nn.Sequential(*layers)
+        if config.kind == "dcn":
+            layers = [nn.Linear(width, width) for _ in range(config.cross_layers)]
+            for layer in layers:
+                nn.init.zeros_(layer.bias)
+            self.cross = nn.ModuleList(layers)
+        if config.kind in ("deepfm", "dcn"):
+            self.mlp = _mlp(width, config.hidden)
         torch.random.set_rng_state(generator_state)
 
     def forward(self, rows: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-        e = self.config.embed_dim
+        kind, e = self.config.kind, self.config.embed_dim
         factors, first = rows[..., :e], rows[..., e]  # (B, F, E), (B, F)
-        summed = factors.sum(dim=1)
-        second = 0.5 * (summed * summed - (factors * factors).sum(dim=1)).sum(dim=1)  # (B,)
-        deep = self.mlp(torch.cat([factors.flatten(1), dense], dim=1)).squeeze(1)
-        return self.bias + first.sum(dim=1) + self.dense_linear(dense).squeeze(1) + second + deep
+        dense = self.norm(dense)
+        logit = self.bias + first.sum(dim=1) + self.dense_linear(dense).squeeze(1)
+        if kind in ("fm", "deepfm"):
+            summed = factors.sum(dim=1)
+            logit = logit + 0.5 * (summed * summed - (factors * factors).sum(dim=1)).sum(dim=1)
+        if kind == "lr" or kind == "fm":
+            return logit
+        x0 = torch.cat([factors.flatten(1), dense], dim=1)  # (B, F*E + D)
+        x = x0
+        if kind == "dcn":
+            for layer in self.cross:
+                x = x0 * layer(x) + x
+        return logit + self.mlp(x).squeeze(1)

@@ -1,4 +1,4 @@
-"""Trainer: one replica of the model. Dense DeepFM + Adam (or SGD), embedding rows in the store,
+"""Trainer: one replica of the model. The dense network + Adam (or SGD), embedding rows in the store,
 progressive metrics, and the state a snapshot needs (step, events, Kafka offsets).
 
 Alone (no process group) it just learns. In a group of N replicas (trainer/group.py) it either
@@ -20,25 +20,29 @@ from prometheus_client import Counter
 
 from store.hierarchy import HierarchyConfig, TieredStore
 from store.ram import RamTier
+from store.sparse_optim import SparseOptimConfig
 from store.table import EmbeddingTable, TableConfig
 from store.tier import Tier
+from stream.featurize import shared_ids
 from stream.schema import Schema
 from trainer.batch import Batch
 from trainer.errors import TrainerError
 from trainer.merge import (
     MergeStats,
+    average_buffers,
     average_dense,
     average_grads,
     average_row_grads,
     average_rows,
     max_step,
     set_adam_steps,
+    share_sightings,
 )
 from trainer.metrics import ProgressiveMetrics
-from trainer.model import DeepFM, ModelConfig
+from trainer.model import CtrModel, ModelConfig
 from trainer.settings import TrainerSettings
 from trainer.snapshot import Manifest, load_optimizer_state, load_snapshot, save_snapshot
-from trainer.step import StepResult, backward, train_step
+from trainer.step import StepResult, backward, predict, train_step
 
 STEPS = Counter("adstream_trainer_steps_total", "train steps")
 SAMPLES = Counter("adstream_trainer_samples_total", "events learned")
@@ -69,12 +73,51 @@ def make_tier(settings: TrainerSettings, width: int, rank: int = 0) -> Tier:
     raise TrainerError(f"trainer.store={settings.store!r}; use 'ram' or 'tiered'")
 
 
-def make_optimizer(model: DeepFM, settings: TrainerSettings) -> torch.optim.Optimizer:
+def make_optimizer(model: torch.nn.Module, settings: TrainerSettings) -> torch.optim.Optimizer:
     if settings.optimizer == "adam":
         return torch.optim.Adam(model.parameters(), lr=settings.lr)
     if settings.optimizer == "sgd":
         return torch.optim.SGD(model.parameters(), lr=settings.lr)
     raise TrainerError(f"trainer.optimizer={settings.optimizer!r}; use 'adam' or 'sgd'")
+
+
+def model_config(schema: Schema, settings: TrainerSettings) -> ModelConfig:
+    return ModelConfig(
+        num_fields=schema.num_sparse,
+        num_dense=schema.num_dense,
+        embed_dim=settings.embed_dim,
+        hidden=tuple(settings.hidden),
+        seed=settings.seed,
+        kind=settings.model,
+        cross_layers=settings.cross_layers,
+        dense_norm=settings.dense_norm,
+    )
+
+
+def table_config(model: ModelConfig, settings: TrainerSettings) -> TableConfig:
+    optim = SparseOptimConfig(
+        name=settings.sparse_optimizer,
+        lr=settings.sparse_lr,
+        wide_lr=settings.wide_lr,
+        l2=settings.sparse_l2,
+        initial_accumulator=settings.initial_accumulator,
+        clip_ratio=settings.clip_ratio,
+    )
+    return TableConfig(
+        dim=model.row_dim,
+        seed=settings.seed,
+        init_std=settings.init_std,
+        optim=optim,
+        min_count=settings.min_count,
+        admission_bytes=settings.admission_bytes,
+    )
+
+
+def warmup_lr(settings: TrainerSettings, step: int) -> float:
+    """The dense learning rate at 1-based `step`: linear warm-up, then constant."""
+    if settings.warmup_steps <= 0:
+        return settings.lr
+    return settings.lr * min(1.0, step / settings.warmup_steps)
 
 
 class Trainer:
@@ -85,20 +128,13 @@ class Trainer:
         self.settings = settings
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
-        self.model_config = ModelConfig(
-            schema.num_sparse, schema.num_dense, settings.embed_dim, tuple(settings.hidden), settings.seed
-        )
+        self.model_config = model_config(schema, settings)
         self.device = torch.device(settings.device)
-        self.model = DeepFM(self.model_config).to(self.device)
+        self.model = CtrModel(self.model_config).to(self.device)
         self.optimizer = make_optimizer(self.model, settings)
-        self.table_config = TableConfig(
-            dim=self.model_config.row_dim,
-            seed=settings.seed,
-            lr=settings.sparse_lr,
-            min_count=settings.min_count,
-            optimizer=settings.optimizer,
-        )
-        self.table = EmbeddingTable(make_tier(settings, 3 * self.table_config.dim, self.rank), self.table_config)
+        self.table_config = table_config(self.model_config, settings)
+        tier = make_tier(settings, 3 * self.table_config.dim, self.rank)
+        self.table = EmbeddingTable(tier, self.table_config, shared_ids(schema))
         self.metrics = ProgressiveMetrics(window=settings.metrics_window)
         self.step = 0
         self.events = 0
@@ -116,13 +152,23 @@ class Trainer:
         SAMPLES.inc(len(batch))
         self.train_seconds += time.perf_counter() - started
 
+    def predict(self, batch: Batch) -> np.ndarray:
+        """CTR (B,) without learning (what serving would answer for this batch)."""
+        return predict(self.model, self.table, batch.to(self.device))
+
     def learn(self, batch: Batch) -> StepResult:
         """One local step (score first, then learn); merges are separate (`merge`)."""
         started = time.perf_counter()
         self.step += 1
+        self._set_lr()
         result = train_step(self.model, self.optimizer, self.table, batch.to(self.device), self.step)
         self._record(batch, result.probs, started)
         return result
+
+    def _set_lr(self) -> None:
+        if self.settings.warmup_steps:
+            for group in self.optimizer.param_groups:
+                group["lr"] = warmup_lr(self.settings, self.step)
 
     def merge(self) -> MergeStats:
         """Average dense parameters, Adam moments and the rows touched since the last merge over
@@ -135,6 +181,7 @@ class Trainer:
         set_adam_steps(self.optimizer, self.step)
         dense_bytes = average_dense(self.model, self.optimizer)
         rows, sparse_bytes = average_rows(self.table, self.table.take_touched(), self.step)
+        sparse_bytes += share_sightings(self.table)
         stats = MergeStats(dense_bytes, sparse_bytes, rows, time.perf_counter() - started)
         self._count(stats)
         return stats
@@ -145,18 +192,19 @@ class Trainer:
         Returns this replica's predictions (B,) made before the update (None without a batch)."""
         started = time.perf_counter()
         self.step += 1
+        self._set_lr()
         self.optimizer.zero_grad(set_to_none=True)
         ids, grad, probs = np.zeros(0, dtype=np.int64), torch.zeros((0, self.table.dim)), None
         if batch is not None:
-            result, lookup, row_grad = backward(self.model, self.optimizer, self.table, batch.to(self.device))
-            keep = lookup.admitted
-            ids, grad = lookup.unique_ids[keep], row_grad[torch.from_numpy(keep).to(row_grad.device)]
+            result, lookup, grad = backward(self.model, self.optimizer, self.table, batch.to(self.device))
+            ids = lookup.unique_ids
             self.table.count_sightings(lookup)
             probs = result.probs
         comm_started = time.perf_counter()
-        dense_bytes = average_grads(self.model)
+        dense_bytes = average_grads(self.model) + average_buffers(self.model)
         self.optimizer.step()
         union, avg_grad, sparse_bytes = average_row_grads(self.table, ids, grad)
+        sparse_bytes += share_sightings(self.table)
         self.table.apply_grad(union, avg_grad, self.step)
         stats = MergeStats(dense_bytes, sparse_bytes, len(union), time.perf_counter() - comm_started)
         self._count(stats, merge=False)

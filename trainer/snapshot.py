@@ -2,9 +2,12 @@
 
     manifest.json            format, schema name/hash, model and table config, step, events,
                              batches-topic offsets consumed, metrics, file list
-    dense.safetensors        DeepFM state_dict
+    dense.safetensors        CtrModel state_dict
     optimizer.safetensors    the dense Adam state, flattened ("<param index>.<key>")
     embeddings.safetensors   ids int64 (n,), vectors float32 (n, E+1), exp_avg, exp_avg_sq (n, E+1)
+                             (the two optimizer-state blocks of each row, whatever the sparse
+                             optimizer keeps there: see store/sparse_optim.py)
+    admission.safetensors    the admission sketch's counters (only with min_count >= 2)
 
 The manifest is written last, so a folder without one is incomplete and never loaded.
 """
@@ -22,10 +25,11 @@ from safetensors.torch import load_file, save_file
 
 from store.table import EmbeddingTable, TableConfig
 from trainer.errors import SnapshotError
-from trainer.model import DeepFM, ModelConfig
+from trainer.model import CtrModel, ModelConfig
 
 FORMAT = "adstream-snapshot/1"
 MANIFEST = "manifest.json"
+ADMISSION = "admission.safetensors"
 
 
 @dataclass(frozen=True)
@@ -46,14 +50,14 @@ class Manifest:
 @dataclass(frozen=True, eq=False)
 class Snapshot:
     manifest: Manifest
-    model: DeepFM
+    model: CtrModel
     table: EmbeddingTable
 
 
 def save_snapshot(
     path: str | Path,
     manifest: Manifest,
-    model: DeepFM,
+    model: CtrModel,
     table: EmbeddingTable,
     optimizer: torch.optim.Optimizer | None = None,
 ) -> Path:
@@ -73,6 +77,9 @@ def save_snapshot(
         },
         path / "embeddings.safetensors",
     )
+    if table.sketch is not None:
+        counts = torch.from_numpy(table.sketch.counts.view(np.int16).copy())
+        save_file({"counts": counts, "added": torch.tensor([table.sketch.added])}, path / ADMISSION)
     for file in path.iterdir():  # the data is on disk before the manifest says the snapshot is complete
         _fsync(file)
     tmp = path / (MANIFEST + ".tmp")
@@ -112,8 +119,8 @@ def read_embeddings(path: str | Path) -> dict[str, torch.Tensor]:
     return load_file(str(Path(path) / "embeddings.safetensors"))
 
 
-def load_model(path: str | Path, manifest: Manifest) -> DeepFM:
-    model = DeepFM(ModelConfig.from_dict(manifest.model))
+def load_model(path: str | Path, manifest: Manifest) -> CtrModel:
+    model = CtrModel(ModelConfig.from_dict(manifest.model))
     try:
         model.load_state_dict(load_file(str(Path(path) / "dense.safetensors")))
     except (RuntimeError, FileNotFoundError) as exc:
@@ -124,11 +131,14 @@ def load_model(path: str | Path, manifest: Manifest) -> DeepFM:
 def load_snapshot(path: str | Path, table: EmbeddingTable) -> Snapshot:
     """Read a snapshot into a fresh model and into `table` (whose tier should be empty)."""
     manifest = read_manifest(path)
-    if TableConfig(**manifest.table) != table.config:  # type: ignore[arg-type]
+    if TableConfig.from_dict(manifest.table) != table.config:  # type: ignore[arg-type]
         raise SnapshotError(f"snapshot {path}: table config {manifest.table} differs from {table.config}")
     emb = read_embeddings(path)
     rows = torch.cat([emb["vectors"], emb["exp_avg"], emb["exp_avg_sq"]], dim=1)
     table.load(emb["ids"].numpy().astype(np.int64), rows)
+    if table.sketch is not None and (Path(path) / ADMISSION).is_file():
+        sketch = load_file(str(Path(path) / ADMISSION))
+        table.sketch.load(sketch["counts"].numpy().view(np.uint16), int(sketch["added"][0]))
     return Snapshot(manifest, load_model(path, manifest), table)
 
 

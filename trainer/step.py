@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from store.table import EmbeddingTable
 from trainer.batch import Batch
-from trainer.model import DeepFM
+from trainer.model import CtrModel
 
 
 @dataclass(frozen=True, eq=False)
@@ -23,7 +23,7 @@ class StepResult:
     loss: float  # mean binary cross-entropy of the batch
 
 
-def forward(model: DeepFM, table: EmbeddingTable, batch: Batch):  # type: ignore[no-untyped-def]
+def forward(model: CtrModel, table: EmbeddingTable, batch: Batch):  # type: ignore[no-untyped-def]
     """Look up the batch's rows and run the model. Returns (logits (B,), lookup, leaf vectors (u, E+1))."""
     lookup = table.lookup(batch.ids, device=batch.labels.device)
     leaf = lookup.vectors.detach().requires_grad_(True)
@@ -31,22 +31,25 @@ def forward(model: DeepFM, table: EmbeddingTable, batch: Batch):  # type: ignore
     return model(rows, batch.dense), lookup, leaf
 
 
-def backward(model: DeepFM, optimizer: torch.optim.Optimizer, table: EmbeddingTable, batch: Batch):  # type: ignore[no-untyped-def]
+def backward(model: CtrModel, optimizer: torch.optim.Optimizer, table: EmbeddingTable, batch: Batch):  # type: ignore[no-untyped-def]
     """Score the batch and compute gradients, changing no weight yet. Returns (StepResult, lookup,
-    row gradients (u, E+1)); the dense gradients are in the parameters' .grad."""
+    row gradients (u, E+1) of the summed loss); the dense gradients are in the parameters' .grad."""
     model.train()
     logits, lookup, leaf = forward(model, table, batch)
     loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     assert leaf.grad is not None
-    return StepResult(torch.sigmoid(logits.detach()).cpu().numpy(), float(loss.detach())), lookup, leaf.grad
+    # the rows want the gradient of the summed loss (store/sparse_optim.py): an id seen c times gets
+    # c events' worth, independent of the batch size
+    row_grad = leaf.grad * len(batch)
+    return StepResult(torch.sigmoid(logits.detach()).cpu().numpy(), float(loss.detach())), lookup, row_grad
 
 
 def train_step(
-    model: DeepFM, optimizer: torch.optim.Optimizer, table: EmbeddingTable, batch: Batch, step: int
+    model: CtrModel, optimizer: torch.optim.Optimizer, table: EmbeddingTable, batch: Batch, step: int
 ) -> StepResult:
-    """Score, then learn: Adam on the dense weights, sparse Adam on the touched rows. `step` is 1-based."""
+    """Score, then learn: the dense optimizer on the network, the sparse one on the touched rows. `step` is 1-based."""
     result, lookup, row_grad = backward(model, optimizer, table, batch)
     optimizer.step()
     table.update(lookup, row_grad, step)
@@ -54,8 +57,8 @@ def train_step(
 
 
 @torch.no_grad()
-def predict(model: DeepFM, table: EmbeddingTable, batch: Batch) -> np.ndarray:
-    """CTR (B,) for a batch, without learning (unseen ids read their deterministic initial rows)."""
+def predict(model: CtrModel, table: EmbeddingTable, batch: Batch) -> np.ndarray:
+    """CTR (B,) for a batch, without learning (unseen ids read what store.table.unseen_vectors gives)."""
     model.eval()
     logits, _, _ = forward(model, table, batch)
     return torch.sigmoid(logits).cpu().numpy()

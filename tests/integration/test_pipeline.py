@@ -64,7 +64,7 @@ def serve_and_compare(config, tmp_path, summary, events):
     finally:
         stop_process(server)
     manifest = read_manifest(summary.snapshot_path)
-    table_config = TableConfig(**manifest.table)
+    table_config = TableConfig.from_dict(manifest.table)
     snapshot = load_snapshot(
         summary.snapshot_path, EmbeddingTable(RamTier(3 * table_config.dim, 1 << 30), table_config)
     )

@@ -1,0 +1,313 @@
+"""`adstream bench accuracy`: progressive (test-then-train) accuracy, side by side, in one run.
+
+Every model scores each batch before it learns it, in stream order, in process (no Kafka: this
+measures the learner, not the pipeline). Datasets: the real Criteo rows in file order (reported
+whole and as first / second half), and the synthetic stream without and with drift (its
+generator knows each event's true click probability, so the truth's own AUC is the ceiling).
+Models: adstream with its defaults and each `trainer.model` family, an online logistic
+regression (river, AdaGrad, one event at a time: one-hot categories + signed log1p integers +
+missing flags), and the plain PyTorch DeepFM of `bench pipeline`. Extra rows: the drifting
+stream's model frozen at 20% of the stream; batch 4096 with and without CowClip against the
+default batch; and an ablation (one default changed at a time) on the real rows.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rich.progress import Progress
+
+from bench.baseline import BaselineDeepFM
+from stream.featurize import FIELD_SHIFT, MISSING, concat_batches, featurize_records, split_batch
+from stream.records import FeatureBatch, RawRecord
+from stream.replay import criteo_records, synthetic_records
+from stream.schema import Schema
+from stream.synthetic import SyntheticConfig, SyntheticCriteo
+from trainer.batch import batch_from_features
+from trainer.metrics import auc_exact, ece, logloss
+from trainer.replica import Trainer
+from trainer.settings import TrainerSettings
+
+REAL_BATCH = 64  # 10k rows: 160 steps at 64 (at 1024 they would be 10); see the README on batch size
+WINDOW = 100_000  # the synthetic streams' last-window figures
+ABLATION: dict[str, dict[str, Any]] = {  # one default changed at a time
+    "sparse_optimizer=adagrad": {"sparse_optimizer": "adagrad"},
+    "sparse_optimizer=adam": {"sparse_optimizer": "adam", "sparse_lr": 0.01, "wide_lr": 0.01},
+    "wide_lr=sparse_lr/5": {"wide_lr": 0.01},
+    "min_count=2 (shared rows)": {"min_count": 2},
+    "dense_norm=false": {"dense_norm": False},
+    "warmup_steps=50": {"warmup_steps": 50},
+    "init_std=0.001": {"init_std": 0.001},
+    "sparse_l2=1e-4": {"sparse_l2": 1e-4},
+    "lr=0.001 (old default)": {"lr": 0.001},
+}
+
+
+@dataclass(frozen=True)
+class Stream:
+    name: str
+    features: FeatureBatch  # every event, in stream order
+    truth: np.ndarray | None  # true click probabilities (synthetic only)
+
+
+def real_stream(schema: Schema, criteo_dir: str) -> Stream | None:
+    files = sorted(Path(criteo_dir).glob("*.txt"), key=lambda p: (not p.name.startswith("autoint"), p.name))
+    if not files:
+        return None
+    parts = [
+        featurize_records([RawRecord(0, i, value)], schema)[0]
+        for i, (_, value, reason, _) in enumerate(criteo_records(files, schema, bundle=4096, fmt="arrow"))
+        if reason is None
+    ]
+    return Stream("criteo-real", concat_batches(parts, schema), None)
+
+
+def synthetic_stream(schema: Schema, events: int, drift: float, seed: int = 7) -> Stream:
+    generator = SyntheticCriteo(schema, SyntheticConfig(seed=seed, drift_per_million=drift))
+    parts, truth = [], []
+    for start in range(0, events, 100_000):
+        chunk, p = generator.generate(min(100_000, events - start))
+        truth.append(p)
+        for i, (_, value, _, _) in enumerate(synthetic_records(chunk, schema, bundle=4096, fmt="arrow")):
+            parts.append(featurize_records([RawRecord(0, i, value)], schema)[0])
+    name = "synthetic" if drift == 0 else f"synthetic-drift{drift:g}"
+    return Stream(name, concat_batches(parts, schema), np.concatenate(truth))
+
+
+# --- learners: each takes a stream and batch size, returns predictions made before learning ---
+Learner = Callable[[FeatureBatch, int], np.ndarray]
+
+
+def adstream_learner(schema: Schema, settings: TrainerSettings, freeze_at: int | None = None) -> Learner:
+    def learn(features: FeatureBatch, batch_size: int) -> np.ndarray:
+        torch.manual_seed(0)
+        trainer = Trainer(schema, replace(settings, batch_size=batch_size, snapshot_dir="/tmp/adstream-unused"))
+        probs, seen = [], 0
+        for part in split_batch(features, batch_size):
+            batch = batch_from_features([part])
+            frozen = freeze_at is not None and seen >= freeze_at
+            probs.append(trainer.predict(batch) if frozen else trainer.learn(batch).probs)
+            seen += len(part)
+        return np.concatenate(probs)
+
+    return learn
+
+
+def baseline_learner(schema: Schema) -> Learner:
+    """The plain PyTorch DeepFM of `bench pipeline` (hashed nn.EmbeddingBag + SparseAdam + Adam)."""
+
+    def learn(features: FeatureBatch, batch_size: int) -> np.ndarray:
+        torch.manual_seed(0)
+        config = Trainer(schema, TrainerSettings(snapshot_dir="/tmp/adstream-unused")).model_config
+        baseline = BaselineDeepFM(replace(config, dense_norm=False), lr=0.001, sparse_lr=0.01)
+        return np.concatenate(
+            [baseline.train_step(batch_from_features([p])) for p in split_batch(features, batch_size)]
+        )
+
+    return learn
+
+
+def river_features(features: FeatureBatch) -> Iterator[dict[Any, float]]:
+    """One river feature dict per event: a one-hot per sparse id of the categorical fields (the
+    missing id included), signed log1p per present integer, a flag per missing integer."""
+    d = features.dense.shape[1]
+    ids = features.ids
+    missing = (ids[:, :d] & ((1 << FIELD_SHIFT) - 1)) == MISSING
+    for i in range(len(ids)):
+        x: dict[Any, float] = {}
+        for j in range(d):
+            if missing[i, j]:
+                x[f"missing{j}"] = 1.0
+            else:
+                x[f"int{j}"] = float(features.dense[i, j])
+        for key in ids[i, d:].tolist():
+            x[key] = 1.0
+        yield x
+
+
+def river_learner(lr: float = 0.03) -> Learner:
+    def learn(features: FeatureBatch, batch_size: int) -> np.ndarray:
+        from river import linear_model, optim
+
+        model = linear_model.LogisticRegression(optimizer=optim.AdaGrad(lr))
+        probs = np.empty(len(features))
+        for i, (x, y) in enumerate(zip(river_features(features), features.labels.tolist())):
+            probs[i] = model.predict_proba_one(x).get(True, 0.5)
+            model.learn_one(x, bool(y))
+        return probs
+
+    return learn
+
+
+# --- scoring ---------------------------------------------------------------------------------
+def score(labels: np.ndarray, probs: np.ndarray) -> dict[str, float]:
+    return {"auc": auc_exact(labels, probs), "logloss": logloss(labels, probs), "ece": ece(labels, probs)}
+
+
+def rows_for(stream: Stream, model: str, batch_size: int, probs: np.ndarray, seconds: float) -> list[dict[str, Any]]:
+    labels = stream.features.labels.astype(np.float64)
+    n = len(labels)
+    base = {"model": model, "batch_size": batch_size, "samples_per_s": n / seconds if seconds > 0 else 0.0}
+    if stream.truth is None:  # real rows: whole, first half, second half
+        half = n // 2
+        pieces = [("", slice(0, n)), ("/first-half", slice(0, half)), ("/second-half", slice(half, n))]
+        return [
+            {
+                "dataset": stream.name + suffix,
+                **base,
+                "events": s.stop - s.start,
+                **score(labels[s], probs[s]),
+                "truth_auc": None,
+            }
+            for suffix, s in pieces
+        ]
+    window = slice(max(0, n - WINDOW), n)
+    truth_auc = auc_exact(labels, stream.truth)
+    window_auc, window_truth = auc_exact(labels[window], probs[window]), auc_exact(labels[window], stream.truth[window])
+    return [
+        {
+            "dataset": stream.name,
+            **base,
+            "events": n,
+            **score(labels, probs),
+            "truth_auc": truth_auc,
+            "gap_to_truth": truth_auc - auc_exact(labels, probs),
+            "window_events": window.stop - window.start,
+            "window_auc": window_auc,
+            "window_truth_auc": window_truth,
+            "window_gap_to_truth": window_truth - window_auc,
+            "window_logloss": logloss(labels[window], probs[window]),
+            "window_ece": ece(labels[window], probs[window]),
+        }
+    ]
+
+
+def run_accuracy_bench(
+    schema: Schema,
+    settings: TrainerSettings,
+    events: int = 1_000_000,
+    drift: float = 0.5,
+    criteo_dir: str = "../shared/data/criteo",
+    ablation: bool = True,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Every (dataset, model) pair, plus the extra rows of the module docstring. JSON-ready."""
+    result: dict[str, Any] = {
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "defaults": {
+            k: getattr(settings, k)
+            for k in ("model", "sparse_optimizer", "sparse_lr", "wide_lr", "lr", "batch_size", "min_count")
+        },
+        "runs": [],
+    }
+    batch = settings.batch_size
+    families = {f"adstream-{kind}": replace(settings, model=kind) for kind in ("lr", "fm", "deepfm", "dcn")}
+    jobs: list[tuple[Callable[[], Stream | None], list[tuple[str, int, Learner]]]] = []
+    real_jobs = [("adstream", REAL_BATCH, adstream_learner(schema, settings))]
+    real_jobs += [
+        (name, REAL_BATCH, adstream_learner(schema, s)) for name, s in families.items() if s.model != settings.model
+    ]
+    real_jobs += [("river-lr", 1, river_learner()), ("pytorch-deepfm", REAL_BATCH, baseline_learner(schema))]
+    if ablation:
+        real_jobs += [
+            (f"ablation: {name}", REAL_BATCH, adstream_learner(schema, replace(settings, **change)))
+            for name, change in ABLATION.items()
+        ]
+    jobs.append((lambda: real_stream(schema, criteo_dir), real_jobs))
+    synthetic_jobs = [("adstream", batch, adstream_learner(schema, settings))]
+    synthetic_jobs += [
+        (name, batch, adstream_learner(schema, s)) for name, s in families.items() if s.model != settings.model
+    ]
+    synthetic_jobs += [
+        ("river-lr", 1, river_learner()),
+        ("pytorch-deepfm", batch, baseline_learner(schema)),
+        ("adstream-b4096", 4096, adstream_learner(schema, settings)),
+        ("adstream-b4096-cowclip", 4096, adstream_learner(schema, replace(settings, clip_ratio=1.0))),
+    ]
+    jobs.append((lambda: synthetic_stream(schema, events, 0.0), synthetic_jobs))
+    drift_jobs = [
+        ("adstream", batch, adstream_learner(schema, settings)),
+        ("adstream-frozen-at-20%", batch, adstream_learner(schema, settings, freeze_at=events // 5)),
+        ("river-lr", 1, river_learner()),
+    ]
+    jobs.append((lambda: synthetic_stream(schema, events, drift), drift_jobs))
+    total = sum(len(j) for _, j in jobs)
+    with Progress(disable=not progress, transient=True) as bar:
+        task = bar.add_task("bench accuracy", total=total)
+        for make_stream, learners in jobs:
+            stream = make_stream()
+            if stream is None:
+                result["real_rows"] = f"no Criteo rows under {criteo_dir}"
+                bar.advance(task, len(learners))
+                continue
+            for name, batch_size, learn in learners:
+                bar.update(task, description=f"{stream.name}: {name}")
+                started = time.perf_counter()
+                probs = learn(stream.features, batch_size)
+                result["runs"] += rows_for(stream, name, batch_size, probs, time.perf_counter() - started)
+                bar.advance(task)
+    result["targets"] = check_targets(result["runs"])
+    return result
+
+
+def _find(runs: list[dict[str, Any]], dataset: str, model: str) -> dict[str, Any] | None:
+    return next((r for r in runs if r["dataset"] == dataset and r["model"] == model), None)
+
+
+def check_targets(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The issue's floors, each with the figures it compares."""
+    out: dict[str, Any] = {}
+    for part in ("criteo-real", "criteo-real/second-half"):
+        ours, lr, deepfm = (_find(runs, part, m) for m in ("adstream", "river-lr", "pytorch-deepfm"))
+        if ours and lr and deepfm:
+            out[f"{part}: auc >= online LR + 0.005"] = [
+                ours["auc"],
+                lr["auc"] + 0.005,
+                ours["auc"] >= lr["auc"] + 0.005,
+            ]
+            out[f"{part}: logloss <= online LR"] = [ours["logloss"], lr["logloss"], ours["logloss"] <= lr["logloss"]]
+            out[f"{part}: auc >= plain DeepFM"] = [ours["auc"], deepfm["auc"], ours["auc"] >= deepfm["auc"]]
+    syn = _find(runs, "synthetic", "adstream")
+    if syn:
+        out["synthetic: last-window gap to truth <= 0.01"] = [
+            syn["window_gap_to_truth"],
+            0.01,
+            syn["window_gap_to_truth"] <= 0.01,
+        ]
+    drifting = [r for r in runs if r["dataset"].startswith("synthetic-drift")]
+    online = next((r for r in drifting if r["model"] == "adstream"), None)
+    frozen = next((r for r in drifting if r["model"] == "adstream-frozen-at-20%"), None)
+    if online and frozen:
+        out["drift: last-window gap to truth <= 0.015"] = [
+            online["window_gap_to_truth"],
+            0.015,
+            online["window_gap_to_truth"] <= 0.015,
+        ]
+        out["drift: frozen model's last-window AUC (behind the online one)"] = [
+            frozen["window_auc"],
+            online["window_auc"],
+            frozen["window_auc"] < online["window_auc"],
+        ]
+    small, big = _find(runs, "synthetic", "adstream"), _find(runs, "synthetic", "adstream-b4096-cowclip")
+    if small and big:
+        out["batch 4096 + CowClip: auc within 0.003 of the default batch"] = [
+            big["auc"],
+            small["auc"],
+            big["auc"] >= small["auc"] - 0.003,
+        ]
+        out["batch 4096 + CowClip: >= 3x samples/s"] = [
+            big["samples_per_s"],
+            small["samples_per_s"],
+            big["samples_per_s"] >= 3 * small["samples_per_s"],
+        ]
+    return out

@@ -1,0 +1,98 @@
+"""Per-row optimizers for embedding rows: pure functions over (rows, grad) -> new rows.
+
+A row is 3 * dim float32 values, [vector | state_a | state_b]; the optimizer's state lives in the
+row, so it travels with it through every tier, every merge (averaged like the vector) and every
+snapshot. What the two state blocks hold:
+
+    adagrad   [w | sum of squared gradients | unused (zeros)]
+    ftrl      [w | z (FTRL-Proximal's shifted gradient sum) | n (sum of squared gradients)]
+    adam      [w | exp_avg | exp_avg_sq]     (lazy, like torch.optim.SparseAdam)
+    sgd       [w | unused | unused]          (for equivalence tests)
+
+`grad` (u, dim) is the gradient of the batch's *summed* loss w.r.t. each touched row (an id seen
+c times in the batch sums c per-event gradients). Adagrad and FTRL are per-coordinate adaptive:
+a rare id gets a full step on its first sighting, a frequent one ever smaller steps, the classic
+recipe for sparse online CTR models (McMahan et al., "Ad Click Prediction", KDD 2013).
+
+The last column of the vector can have its own learning rate (`wide_lr`): the model uses it as
+the id's first-order (wide) weight, which wants larger steps than the factors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+SPARSE_OPTIMIZERS = ("adagrad", "ftrl", "adam", "sgd")
+
+
+@dataclass(frozen=True)
+class SparseOptimConfig:
+    name: str = "ftrl"  # one of SPARSE_OPTIMIZERS
+    lr: float = 0.05  # learning rate of the vector's columns (FTRL: alpha)
+    wide_lr: float = 0.0  # learning rate of the vector's last column; 0 = the same as lr
+    l2: float = 0.0  # L2 penalty on the touched rows (lazy: applied when a row is updated)
+    eps: float = 1e-8  # Adam / Adagrad denominator epsilon
+    beta1: float = 0.9  # Adam first-moment decay
+    beta2: float = 0.999  # Adam second-moment decay
+    initial_accumulator: float = 0.0  # Adagrad / FTRL: added to the squared-gradient sum (damps first steps)
+    ftrl_beta: float = 1.0  # FTRL-Proximal beta (learning-rate schedule offset)
+    ftrl_l1: float = 0.0  # FTRL-Proximal L1 (sparsifies weights; 0 for embeddings)
+    clip_ratio: float = 0.0  # CowClip r: clip an id's gradient to count * max(r * |w|, clip_floor); 0 = off
+    clip_floor: float = 1e-5  # CowClip zeta: the smallest clipping threshold per occurrence
+
+    def __post_init__(self) -> None:
+        if self.name not in SPARSE_OPTIMIZERS:
+            raise ValueError(f"sparse optimizer {self.name!r}; use one of {list(SPARSE_OPTIMIZERS)}")
+
+
+def column_lr(cfg: SparseOptimConfig, dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """(dim,) learning rates: lr for the factor columns, wide_lr for the last (first-order) one."""
+    lr = torch.full((dim,), cfg.lr, dtype=torch.float32, device=device)
+    if cfg.wide_lr > 0:
+        lr[-1] = cfg.wide_lr
+    return lr
+
+
+def cowclip(grad: torch.Tensor, vectors: torch.Tensor, counts: torch.Tensor, cfg: SparseOptimConfig) -> torch.Tensor:
+    """Adaptive column-wise clipping (Zheng et al., CowClip, AAAI 2023): each id's gradient norm is
+    held under counts * max(r * |w_id|, zeta), so large batches cannot blow a frequent id's row away.
+    grad, vectors (u, dim); counts (u,) occurrences in the batch."""
+    if cfg.clip_ratio <= 0:
+        return grad
+    limit = counts * torch.clamp(cfg.clip_ratio * vectors.norm(dim=1), min=cfg.clip_floor)
+    norm = grad.norm(dim=1)
+    scale = torch.where(norm > limit, limit / norm.clamp(min=1e-30), torch.ones_like(norm))
+    return grad * scale[:, None]
+
+
+def sparse_step(rows: torch.Tensor, grad: torch.Tensor, step: int, cfg: SparseOptimConfig) -> torch.Tensor:
+    """One update of rows (u, 3*dim) with grad (u, dim) at global step `step` (1-based). Pure."""
+    d = grad.shape[1]
+    w, a, b = rows[:, :d], rows[:, d : 2 * d], rows[:, 2 * d :]
+    lr = column_lr(cfg, d, rows.device)
+    if cfg.l2 > 0 and cfg.name != "ftrl":  # FTRL takes its L2 in the closed form below
+        grad = grad + cfg.l2 * w
+    grad_sq = grad * grad
+    if cfg.name == "sgd":
+        return torch.cat([w - lr * grad, a, b], dim=1)
+    if cfg.name == "adagrad":
+        a = a + grad_sq
+        w = w - lr * grad / ((a + cfg.initial_accumulator).sqrt() + cfg.eps)
+        return torch.cat([w, a, b], dim=1)
+    if cfg.name == "ftrl":
+        z, n = a, b
+        n_new = n + grad_sq
+        sigma = ((n_new + cfg.initial_accumulator).sqrt() - (n + cfg.initial_accumulator).sqrt()) / lr
+        z = z + grad - sigma * w
+        denom = (cfg.ftrl_beta + (n_new + cfg.initial_accumulator).sqrt()) / lr + cfg.l2
+        shrunk = z - torch.sign(z) * cfg.ftrl_l1
+        w = torch.where(z.abs() <= cfg.ftrl_l1, torch.zeros_like(z), -shrunk / denom)
+        return torch.cat([w, z, n_new], dim=1)
+    m = cfg.beta1 * a + (1 - cfg.beta1) * grad
+    v = cfg.beta2 * b + (1 - cfg.beta2) * grad * grad
+    m_hat = m / (1 - cfg.beta1**step)
+    v_hat = v / (1 - cfg.beta2**step)
+    w = w - lr * m_hat / (v_hat.sqrt() + cfg.eps)
+    return torch.cat([w, m, v], dim=1)
