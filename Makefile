@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint bench bench-store bench-merge lock down clean
+.PHONY: setup demo test lint bench bench-accuracy bench-store bench-merge lock down clean
 
 setup: $(VENV)/.installed
 
@@ -25,6 +25,9 @@ lint: setup
 
 bench: setup
 	$(BIN)/adstream bench pipeline --json .state/bench-pipeline.json
+
+bench-accuracy: setup
+	$(BIN)/adstream bench accuracy --json .state/bench-accuracy.json
 
 bench-store: setup
 	$(BIN)/adstream bench store --json .state/bench-store.json

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-SPARSE_OPTIMIZERS = ("adagrad", "ftrl", "adam", "sgd")
+SPARSE_OPTIMIZERS = ("ftrl", "adagrad", "adam", "sgd")
 
 
 @dataclass(frozen=True)
@@ -67,32 +67,76 @@ def cowclip(grad: torch.Tensor, vectors: torch.Tensor, counts: torch.Tensor, cfg
     return grad * scale[:, None]
 
 
+Block = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (w, state_a, state_b), each (u, k)
+
+
+def _sgd(
+    w: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    g: torch.Tensor,
+    lr: torch.Tensor,
+    step: int,
+    cfg: SparseOptimConfig,
+) -> Block:
+    return w - lr * g, a, b
+
+
+def _adagrad(
+    w: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    g: torch.Tensor,
+    lr: torch.Tensor,
+    step: int,
+    cfg: SparseOptimConfig,
+) -> Block:
+    a = a + g * g
+    return w - lr * g / ((a + cfg.initial_accumulator).sqrt() + cfg.eps), a, b
+
+
+def _ftrl(
+    w: torch.Tensor,
+    z: torch.Tensor,
+    n: torch.Tensor,
+    g: torch.Tensor,
+    lr: torch.Tensor,
+    step: int,
+    cfg: SparseOptimConfig,
+) -> Block:
+    n_new = n + g * g
+    sigma = ((n_new + cfg.initial_accumulator).sqrt() - (n + cfg.initial_accumulator).sqrt()) / lr
+    z = z + g - sigma * w
+    denom = (cfg.ftrl_beta + (n_new + cfg.initial_accumulator).sqrt()) / lr + cfg.l2
+    shrunk = z - torch.sign(z) * cfg.ftrl_l1
+    return torch.where(z.abs() <= cfg.ftrl_l1, torch.zeros_like(z), -shrunk / denom), z, n_new
+
+
+def _adam(
+    w: torch.Tensor,
+    m: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    lr: torch.Tensor,
+    step: int,
+    cfg: SparseOptimConfig,
+) -> Block:
+    m = cfg.beta1 * m + (1 - cfg.beta1) * g
+    v = cfg.beta2 * v + (1 - cfg.beta2) * g * g
+    m_hat = m / (1 - cfg.beta1**step)
+    v_hat = v / (1 - cfg.beta2**step)
+    return w - lr * m_hat / (v_hat.sqrt() + cfg.eps), m, v
+
+
+_RULES = {"sgd": _sgd, "adagrad": _adagrad, "ftrl": _ftrl, "adam": _adam}
+
+
 def sparse_step(rows: torch.Tensor, grad: torch.Tensor, step: int, cfg: SparseOptimConfig) -> torch.Tensor:
     """One update of rows (u, 3*dim) with grad (u, dim) at global step `step` (1-based). Pure."""
     d = grad.shape[1]
     w, a, b = rows[:, :d], rows[:, d : 2 * d], rows[:, 2 * d :]
     lr = column_lr(cfg, d, rows.device)
-    if cfg.l2 > 0 and cfg.name != "ftrl":  # FTRL takes its L2 in the closed form below
+    if cfg.l2 > 0 and cfg.name != "ftrl":  # FTRL takes its L2 in its closed form
         grad = grad + cfg.l2 * w
-    grad_sq = grad * grad
-    if cfg.name == "sgd":
-        return torch.cat([w - lr * grad, a, b], dim=1)
-    if cfg.name == "adagrad":
-        a = a + grad_sq
-        w = w - lr * grad / ((a + cfg.initial_accumulator).sqrt() + cfg.eps)
-        return torch.cat([w, a, b], dim=1)
-    if cfg.name == "ftrl":
-        z, n = a, b
-        n_new = n + grad_sq
-        sigma = ((n_new + cfg.initial_accumulator).sqrt() - (n + cfg.initial_accumulator).sqrt()) / lr
-        z = z + grad - sigma * w
-        denom = (cfg.ftrl_beta + (n_new + cfg.initial_accumulator).sqrt()) / lr + cfg.l2
-        shrunk = z - torch.sign(z) * cfg.ftrl_l1
-        w = torch.where(z.abs() <= cfg.ftrl_l1, torch.zeros_like(z), -shrunk / denom)
-        return torch.cat([w, z, n_new], dim=1)
-    m = cfg.beta1 * a + (1 - cfg.beta1) * grad
-    v = cfg.beta2 * b + (1 - cfg.beta2) * grad * grad
-    m_hat = m / (1 - cfg.beta1**step)
-    v_hat = v / (1 - cfg.beta2**step)
-    w = w - lr * m_hat / (v_hat.sqrt() + cfg.eps)
-    return torch.cat([w, m, v], dim=1)
+    w, a, b = _RULES[cfg.name](w, a, b, grad, lr, step, cfg)
+    return torch.cat([w, a, b], dim=1)

@@ -55,3 +55,18 @@ def test_trainer_values_out_of_range_name_the_key():
         build_config({"trainer": {"merge_every_steps": -1}})
     with pytest.raises(TrainerError, match=r"trainer.optimizer='adagrad'.*'adam', 'sgd'"):
         build_config({"trainer": {"optimizer": "adagrad"}})
+    with pytest.raises(TrainerError, match=r"trainer.model='xdeepfm'.*'lr', 'fm', 'deepfm', 'dcn'"):
+        build_config({"trainer": {"model": "xdeepfm"}})
+    with pytest.raises(TrainerError, match=r"trainer.sparse_optimizer='rmsprop'.*'ftrl'"):
+        build_config({"trainer": {"sparse_optimizer": "rmsprop"}})
+
+
+def test_store_policies_on_the_ram_store_are_an_error_not_ignored():
+    from trainer.errors import TrainerError
+
+    with pytest.raises(TrainerError, match=r"trainer.ttl_steps=5.*set trainer.store = \"tiered\""):
+        build_config({"trainer": {"ttl_steps": 5}})
+    with pytest.raises(TrainerError, match=r"trainer.eviction='lfu'"):
+        build_config({"trainer": {"eviction": "lfu"}})
+    built = build_config({"trainer": {"store": "tiered", "ttl_steps": 5, "eviction": "lfu"}})
+    assert built.trainer.ttl_steps == 5 and built.trainer.eviction == "lfu"

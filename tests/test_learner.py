@@ -99,6 +99,33 @@ def test_optimizer_state_travels_with_the_row_through_every_tier(tmp_path, tier_
     assert (rows[:, WIDTH // 3 :].abs().sum(dim=1) > 0).all()  # every row carries its optimizer state
 
 
+def test_the_dense_optimizer_is_torch_adam_on_the_deep_part_and_adagrad_on_the_wide_part():
+    from trainer.model import CtrModel, ModelConfig
+    from trainer.optim import wide_deep_optimizer, wide_parameters
+
+    models = [CtrModel(ModelConfig(4, 3, 2, (5,), seed=1)) for _ in range(2)]
+    ours = wide_deep_optimizer(models[0], lr=0.01, wide_lr=0.1)
+    wide = {id(p) for p in wide_parameters(models[1])}
+    deep = [p for p in models[1].parameters() if id(p) not in wide]
+    reference = [
+        torch.optim.Adagrad(wide_parameters(models[1]), lr=0.1, eps=1e-10),
+        torch.optim.Adam(deep, lr=0.01),
+    ]
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        rows = torch.from_numpy(rng.normal(size=(8, 4, 3)).astype(np.float32))
+        dense = torch.from_numpy(rng.normal(size=(8, 3)).astype(np.float32))
+        labels = torch.from_numpy((rng.random(8) < 0.3).astype(np.float32))
+        for model in models:
+            model.zero_grad()
+            torch.nn.functional.binary_cross_entropy_with_logits(model(rows, dense), labels).backward()
+        ours.step()
+        for opt in reference:
+            opt.step()
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_calibration_metric_against_a_hand_example():
     labels = np.array([0, 1, 0, 1, 1])
     probs = np.array([0.05, 0.15, 0.55, 0.58, 0.95])

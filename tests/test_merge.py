@@ -51,12 +51,13 @@ def settings(optimizer: str, sparse: str | None = None, **changes: object) -> Tr
 
 
 def state(trainer: Trainer) -> dict[str, np.ndarray]:
-    """Dense weights, dense Adam moments and every row, as numpy (picklable, comparable)."""
+    """Dense weights, the dense optimizer's state (Adam moments, Adagrad sums) and every row, as
+    numpy (picklable, comparable)."""
     out = {f"w.{k}": v.detach().numpy().copy() for k, v in trainer.model.state_dict().items()}
     for i, p in enumerate(trainer.model.parameters()):
-        for key in ("exp_avg", "exp_avg_sq"):
-            if key in trainer.optimizer.state.get(p, {}):
-                out[f"{key}.{i}"] = trainer.optimizer.state[p][key].numpy().copy()
+        for key, value in trainer.optimizer.state.get(p, {}).items():
+            if key != "step":
+                out[f"{key}.{i}"] = value.numpy().copy()
     ids, rows = trainer.table.export()
     out["ids"], out["rows"] = ids, rows.numpy()
     return out
@@ -179,7 +180,7 @@ def test_merged_parameters_and_moments_match_a_hand_computation():
     (before0, after0), (before1, after1) = launch_local(local_steps_then_merge, 2)
     assert_states_close(after0, after1, atol=0)
     for key in before0:
-        if key.startswith(("w.", "exp_avg")):
+        if key.startswith(("w.", "exp_avg", "sum.")):
             np.testing.assert_allclose(after0[key], (before0[key] + before1[key]) / 2, atol=1e-6, err_msg=key)
     # rows: averaged over the replicas that updated them; a row only one replica has keeps its value
     rows0 = dict(zip(before0["ids"].tolist(), before0["rows"]))

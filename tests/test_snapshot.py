@@ -14,7 +14,7 @@ from stream.featurize import featurize
 from tests.conftest import criteo_event
 from trainer.batch import batch_from_features
 from trainer.errors import SnapshotError
-from trainer.replica import Trainer
+from trainer.replica import Trainer, make_optimizer
 from trainer.settings import TrainerSettings
 from trainer.snapshot import load_optimizer_state, load_snapshot, read_manifest
 from trainer.step import predict
@@ -48,10 +48,13 @@ def test_round_trip_restores_the_same_predictions(schema, tmp_path):
     np.testing.assert_allclose(predict(restored.model, table, batch), expected, rtol=1e-6)
     served = load_served_model(path, "1", schema)
     np.testing.assert_allclose(predict_events(served, events, schema), expected, rtol=1e-5, atol=1e-6)
-    optimizer = torch.optim.Adam(restored.model.parameters())
+    optimizer = make_optimizer(restored.model, trainer.settings)
     load_optimizer_state(path, optimizer)
-    for a, b in zip(optimizer.state_dict()["state"].values(), trainer.optimizer.state_dict()["state"].values()):
-        torch.testing.assert_close(a["exp_avg_sq"], b["exp_avg_sq"])
+    saved, live = optimizer.state_dict()["state"], trainer.optimizer.state_dict()["state"]
+    assert saved.keys() == live.keys() and {"exp_avg_sq", "sum"} <= {k for v in saved.values() for k in v}
+    for index in live:
+        for key in live[index]:
+            torch.testing.assert_close(saved[index][key], live[index][key])
 
 
 def test_incomplete_or_foreign_snapshots_are_refused(schema, tmp_path):

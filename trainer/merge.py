@@ -60,27 +60,23 @@ def comm_device() -> torch.device:
     return torch.device("cpu")
 
 
-def ensure_adam_state(optimizer: torch.optim.Optimizer) -> None:
-    """Give every parameter Adam state (zeros, step 0) so replicas that have not stepped yet can merge."""
-    if not isinstance(optimizer, torch.optim.Adam):
-        return
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            state = optimizer.state[p]
-            if not state:
-                state["step"] = torch.tensor(0.0)
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+def ensure_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Give every parameter its optimizer state (zeros, step 0) so replicas that have not stepped
+    yet can merge (plain SGD keeps none)."""
+    init = getattr(optimizer, "init_state", None)
+    if init is not None:
+        init()
 
 
 def dense_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     """What a dense merge averages: every parameter, the float buffers (the dense features' running
-    statistics), then Adam's moments (none for SGD)."""
-    ensure_adam_state(optimizer)
+    statistics), then every optimizer state tensor but the step counts (Adam's moments, Adagrad's
+    sums; none for SGD)."""
+    ensure_optimizer_state(optimizer)
     tensors = [p.data for p in model.parameters()] + [b for b in model.buffers() if b.is_floating_point()]
-    if isinstance(optimizer, torch.optim.Adam):
-        for p in model.parameters():
-            tensors += [optimizer.state[p]["exp_avg"], optimizer.state[p]["exp_avg_sq"]]
+    for p in model.parameters():
+        state = optimizer.state.get(p, {})
+        tensors += [state[key] for key in sorted(state) if key != "step"]
     return tensors
 
 
@@ -124,11 +120,11 @@ def max_step(step: int) -> int:
     return int(t.item())
 
 
-def set_adam_steps(optimizer: torch.optim.Optimizer, step: int) -> None:
-    if isinstance(optimizer, torch.optim.Adam):
-        for state in optimizer.state.values():
-            if "step" in state:
-                state["step"] = torch.tensor(float(step), dtype=state["step"].dtype, device=state["step"].device)
+def set_optimizer_steps(optimizer: torch.optim.Optimizer, step: int) -> None:
+    """Every parameter's step count set to `step` (after a merge, to the group's maximum)."""
+    for state in optimizer.state.values():
+        if "step" in state:
+            state["step"] = torch.tensor(float(step), dtype=state["step"].dtype, device=state["step"].device)
 
 
 def average_dense(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:

@@ -35,11 +35,12 @@ from trainer.merge import (
     average_row_grads,
     average_rows,
     max_step,
-    set_adam_steps,
+    set_optimizer_steps,
     share_sightings,
 )
 from trainer.metrics import ProgressiveMetrics
 from trainer.model import CtrModel, ModelConfig
+from trainer.optim import wide_deep_optimizer
 from trainer.settings import TrainerSettings
 from trainer.snapshot import Manifest, load_optimizer_state, load_snapshot, save_snapshot
 from trainer.step import StepResult, backward, predict, train_step
@@ -74,8 +75,8 @@ def make_tier(settings: TrainerSettings, width: int, rank: int = 0) -> Tier:
 
 
 def make_optimizer(model: torch.nn.Module, settings: TrainerSettings) -> torch.optim.Optimizer:
-    if settings.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=settings.lr)
+    if settings.optimizer == "adam":  # Adam on the deep part, Adagrad on the wide part (trainer/optim.py)
+        return wide_deep_optimizer(model, settings.lr, settings.wide_lr)
     if settings.optimizer == "sgd":
         return torch.optim.SGD(model.parameters(), lr=settings.lr)
     raise TrainerError(f"trainer.optimizer={settings.optimizer!r}; use 'adam' or 'sgd'")
@@ -113,11 +114,11 @@ def table_config(model: ModelConfig, settings: TrainerSettings) -> TableConfig:
     )
 
 
-def warmup_lr(settings: TrainerSettings, step: int) -> float:
-    """The dense learning rate at 1-based `step`: linear warm-up, then constant."""
+def warmup_factor(settings: TrainerSettings, step: int) -> float:
+    """The share of the dense learning rates at 1-based `step`: linear warm-up, then 1."""
     if settings.warmup_steps <= 0:
-        return settings.lr
-    return settings.lr * min(1.0, step / settings.warmup_steps)
+        return 1.0
+    return min(1.0, step / settings.warmup_steps)
 
 
 class Trainer:
@@ -168,7 +169,7 @@ class Trainer:
     def _set_lr(self) -> None:
         if self.settings.warmup_steps:
             for group in self.optimizer.param_groups:
-                group["lr"] = warmup_lr(self.settings, self.step)
+                group["lr"] = group.setdefault("base_lr", group["lr"]) * warmup_factor(self.settings, self.step)
 
     def merge(self) -> MergeStats:
         """Average dense parameters, Adam moments and the rows touched since the last merge over
@@ -178,7 +179,7 @@ class Trainer:
             self.table.take_touched()
             return MergeStats(0, 0, 0, 0.0)
         self.step = max_step(self.step)
-        set_adam_steps(self.optimizer, self.step)
+        set_optimizer_steps(self.optimizer, self.step)
         dense_bytes = average_dense(self.model, self.optimizer)
         rows, sparse_bytes = average_rows(self.table, self.table.take_touched(), self.step)
         sparse_bytes += share_sightings(self.table)

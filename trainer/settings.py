@@ -20,13 +20,15 @@ class TrainerSettings:
     cross_layers: int = 2  # cross layers (dcn)
     dense_norm: bool = True  # standardize the dense features by running mean / variance
     # --- the dense optimizer (the network) -------------------------------------------------
-    optimizer: str = "adam"  # "adam", or "sgd" (plain SGD, for equivalence tests)
+    optimizer: str = "adam"  # "adam" (Adagrad at wide_lr for the wide part), or "sgd" (plain SGD, for tests)
     lr: float = 0.003  # learning rate of the dense network
     warmup_steps: int = 0  # dense learning rate ramps up linearly over this many steps; 0 = none
     # --- the sparse optimizer (the embedding rows, state stored in each row) ----------------
     sparse_optimizer: str = "ftrl"  # "ftrl" (FTRL-Proximal), "adagrad", "adam" or "sgd"
     sparse_lr: float = 0.05  # learning rate of the factor columns (FTRL: alpha)
-    wide_lr: float = 0.05  # learning rate of each id's first-order (wide) weight
+    wide_lr: float = (
+        0.05  # learning rate of the wide part: each id's first-order weight, the bias, the dense linear term
+    )
     sparse_l2: float = 0.0  # L2 penalty on the rows a step touches
     initial_accumulator: float = 0.0  # Adagrad / FTRL: start value of each squared-gradient sum (damps first steps)
     init_std: float = 0.01  # std of a new row's initial vector

@@ -1,0 +1,39 @@
+"""`adstream bench accuracy` keeps its JSON contract (tiny streams; the figures are not tested,
+except that the truth is the ceiling it should be and that freezing a model stops it learning)."""
+
+from bench.accuracy import run_accuracy_bench
+from stream.schema import load_schema
+from tests.conftest import CRITEO_DIR, CRITEO_FILES, needs_shared
+from trainer.settings import TrainerSettings
+
+
+@needs_shared(bool(CRITEO_FILES), "the real Criteo rows")
+def test_bench_accuracy_reports_every_dataset_and_model():
+    settings = TrainerSettings(embed_dim=4, hidden=(16,), threads=1)
+    result = run_accuracy_bench(
+        load_schema("criteo"),
+        settings,
+        events=20_000,
+        drift=2.0,
+        criteo_dir=str(CRITEO_DIR),
+        ablation=False,
+        progress=False,
+    )
+    runs = result["runs"]
+    for run in runs:
+        assert {"dataset", "model", "auc", "logloss", "ece", "samples_per_s", "truth_auc"} <= run.keys()
+        assert 0.0 <= run["auc"] <= 1.0 and 0.0 <= run["ece"] <= 1.0 and run["samples_per_s"] > 0
+    pairs = {(r["dataset"], r["model"]) for r in runs}
+    real = ("criteo-real", "criteo-real/first-half", "criteo-real/second-half")
+    for dataset in (*real, "synthetic", "synthetic-drift2"):
+        for model in ("adstream", "adstream-lr", "adstream-fm", "adstream-dcn", "river-lr", "pytorch-deepfm"):
+            if dataset.startswith("synthetic-drift") and model not in ("adstream", "river-lr"):
+                continue
+            assert (dataset, model) in pairs, (dataset, model)
+    assert ("synthetic", "adstream-b4096-cowclip") in pairs
+    synthetic = [r for r in runs if r["dataset"].startswith("synthetic")]
+    assert all(r["truth_auc"] > r["auc"] for r in synthetic)  # nothing beats the true probabilities
+    assert all(r["truth_auc"] is None for r in runs if r["dataset"].startswith("criteo"))
+    drift = {r["model"]: r for r in runs if r["dataset"] == "synthetic-drift2"}
+    assert drift["adstream-frozen-at-20%"]["auc"] < drift["adstream"]["auc"]
+    assert any(key.startswith("criteo-real/second-half") for key in result["targets"])
