@@ -67,43 +67,23 @@ def cowclip(grad: torch.Tensor, vectors: torch.Tensor, counts: torch.Tensor, cfg
     return grad * scale[:, None]
 
 
-Block = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (w, state_a, state_b), each (u, k)
+Block = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (w, state_a, state_b), each (u, dim)
+Tensor = torch.Tensor
 
 
-def _sgd(
-    w: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    g: torch.Tensor,
-    lr: torch.Tensor,
-    step: int,
-    cfg: SparseOptimConfig,
-) -> Block:
+def _sgd(row: Block, g: Tensor, lr: Tensor, step: int, cfg: SparseOptimConfig) -> Block:
+    w, a, b = row
     return w - lr * g, a, b
 
 
-def _adagrad(
-    w: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    g: torch.Tensor,
-    lr: torch.Tensor,
-    step: int,
-    cfg: SparseOptimConfig,
-) -> Block:
-    a = a + g * g
-    return w - lr * g / ((a + cfg.initial_accumulator).sqrt() + cfg.eps), a, b
+def _adagrad(row: Block, g: Tensor, lr: Tensor, step: int, cfg: SparseOptimConfig) -> Block:
+    w, total, unused = row
+    total = total + g * g
+    return w - lr * g / ((total + cfg.initial_accumulator).sqrt() + cfg.eps), total, unused
 
 
-def _ftrl(
-    w: torch.Tensor,
-    z: torch.Tensor,
-    n: torch.Tensor,
-    g: torch.Tensor,
-    lr: torch.Tensor,
-    step: int,
-    cfg: SparseOptimConfig,
-) -> Block:
+def _ftrl(row: Block, g: Tensor, lr: Tensor, step: int, cfg: SparseOptimConfig) -> Block:
+    w, z, n = row
     n_new = n + g * g
     sigma = ((n_new + cfg.initial_accumulator).sqrt() - (n + cfg.initial_accumulator).sqrt()) / lr
     z = z + g - sigma * w
@@ -112,15 +92,8 @@ def _ftrl(
     return torch.where(z.abs() <= cfg.ftrl_l1, torch.zeros_like(z), -shrunk / denom), z, n_new
 
 
-def _adam(
-    w: torch.Tensor,
-    m: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    lr: torch.Tensor,
-    step: int,
-    cfg: SparseOptimConfig,
-) -> Block:
+def _adam(row: Block, g: Tensor, lr: Tensor, step: int, cfg: SparseOptimConfig) -> Block:
+    w, m, v = row
     m = cfg.beta1 * m + (1 - cfg.beta1) * g
     v = cfg.beta2 * v + (1 - cfg.beta2) * g * g
     m_hat = m / (1 - cfg.beta1**step)
@@ -138,5 +111,5 @@ def sparse_step(rows: torch.Tensor, grad: torch.Tensor, step: int, cfg: SparseOp
     lr = column_lr(cfg, d, rows.device)
     if cfg.l2 > 0 and cfg.name != "ftrl":  # FTRL takes its L2 in its closed form
         grad = grad + cfg.l2 * w
-    w, a, b = _RULES[cfg.name](w, a, b, grad, lr, step, cfg)
+    w, a, b = _RULES[cfg.name]((w, a, b), grad, lr, step, cfg)
     return torch.cat([w, a, b], dim=1)

@@ -14,7 +14,7 @@ class TrainerSettings:
     group_id: str = "adstream-trainer"  # Kafka consumer group on the batches topic
     batch_size: int = 256  # events per train step (whole stream batches are never split); see the README
     # --- the model -------------------------------------------------------------------------
-    model: str = "deepfm"  # model family: "lr", "fm", "deepfm" or "dcn" (DCN-v2)
+    model: str = "dcn"  # model family: "lr", "fm", "deepfm" or "dcn" (DCN-v2)
     embed_dim: int = 8  # factor width per field
     hidden: tuple[int, ...] = (128, 64)  # MLP widths (deepfm, dcn)
     cross_layers: int = 2  # cross layers (dcn)
