@@ -107,7 +107,7 @@ def baseline_learner(schema: Schema) -> Learner:
     def learn(features: FeatureBatch, batch_size: int) -> np.ndarray:
         torch.manual_seed(0)
         config = Trainer(schema, TrainerSettings(snapshot_dir="/tmp/adstream-unused")).model_config
-        baseline = BaselineDeepFM(replace(config, dense_norm=False), lr=0.001, sparse_lr=0.01)
+        baseline = BaselineDeepFM(replace(config, kind="deepfm", dense_norm=False), lr=0.001, sparse_lr=0.01)
         return np.concatenate(
             [baseline.train_step(batch_from_features([p])) for p in split_batch(features, batch_size)]
         )

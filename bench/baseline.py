@@ -29,6 +29,11 @@ class BaselineDeepFM:
         self.embedding = nn.EmbeddingBag(1 << table_bits, config.row_dim, mode="sum", sparse=True)
         nn.init.normal_(self.embedding.weight, std=0.01)
         self.head = CtrModel(config)
+        # plain: torch's default init for the MLP's output layer too (adstream's models start it at zero)
+        generator_state = torch.random.get_rng_state()
+        torch.manual_seed(config.seed)
+        self.head.mlp[-1].reset_parameters()
+        torch.random.set_rng_state(generator_state)
         self.sparse_opt = torch.optim.SparseAdam(self.embedding.parameters(), lr=sparse_lr)
         self.dense_opt = torch.optim.Adam(self.head.parameters(), lr=lr)
 

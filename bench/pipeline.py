@@ -81,7 +81,7 @@ def _faust_rate(config: Config, records: list, n_events: int, log_dir: Path, tak
 
 def _progressive(schema: Schema, batches: list[Batch], config: Config) -> dict[str, float]:
     ours = Trainer(schema, replace(config.trainer, snapshot_dir="/tmp/unused"))
-    baseline = BaselineDeepFM(replace(ours.model_config, dense_norm=False))
+    baseline = BaselineDeepFM(replace(ours.model_config, kind="deepfm", dense_norm=False))
     base_metrics = ProgressiveMetrics()
     for batch in batches:
         ours.learn(batch)
@@ -170,7 +170,7 @@ def run_pipeline_bench(
     for batch in batches:
         trainer.learn(batch)
     result["train_samples_per_s"] = _rate(events, time.perf_counter() - start)
-    baseline = BaselineDeepFM(replace(trainer.model_config, dense_norm=False))
+    baseline = BaselineDeepFM(replace(trainer.model_config, kind="deepfm", dense_norm=False))
     start = time.perf_counter()
     for batch in batches:
         baseline.train_step(batch)
