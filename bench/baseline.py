@@ -32,7 +32,9 @@ class BaselineDeepFM:
         # plain: torch's default init for the MLP's output layer too (adstream's models start it at zero)
         generator_state = torch.random.get_rng_state()
         torch.manual_seed(config.seed)
-        self.head.mlp[-1].reset_parameters()
+        output = self.head.mlp[-1]
+        assert isinstance(output, nn.Linear)
+        output.reset_parameters()
         torch.random.set_rng_state(generator_state)
         self.sparse_opt = torch.optim.SparseAdam(self.embedding.parameters(), lr=sparse_lr)
         self.dense_opt = torch.optim.Adam(self.head.parameters(), lr=lr)
