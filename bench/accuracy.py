@@ -250,6 +250,8 @@ def run_accuracy_bench(
                 result["real_rows"] = f"no Criteo rows under {criteo_dir}"
                 bar.advance(task, len(learners))
                 continue
+            # warm-up (lazy imports, allocator, thread pools), so the first model's samples/s is not penalized
+            learners[0][2](split_batch(stream.features, 512)[0], learners[0][1])
             for name, batch_size, learn in learners:
                 bar.update(task, description=f"{stream.name}: {name}")
                 started = time.perf_counter()
