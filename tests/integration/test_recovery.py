@@ -30,7 +30,7 @@ from trainer.snapshot import latest_snapshot
 from .helpers import start_cli
 
 pytestmark = pytest.mark.integration
-RECORDS_PER_PARTITION, EVENTS_PER_RECORD = 24, 64
+RECORDS_PER_PARTITION, EVENTS_PER_RECORD = 48, 64
 
 
 def produce_batches(config: Config) -> set[tuple[int, int]]:
@@ -90,12 +90,15 @@ def final_model(snapshots: Path) -> dict[str, np.ndarray]:
 
 def run_job(config: Config, tmp_path: Path, name: str, kill: bool) -> tuple[subprocess.Popen[bytes], Path]:
     proc, log = start_cli(config, tmp_path / name, "train", "--idle-exit", "4")
-    if kill:  # SIGKILL one replica at a random point after the first snapshot is durable
+    if kill:  # SIGKILL one replica at a random point after the first snapshot, while records remain
         snapshots = Path(config.trainer.snapshot_dir)
         deadline = time.monotonic() + 120
         while latest_snapshot(snapshots) is None and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(random.uniform(0.0, 1.0))
+            time.sleep(0.01)
+        latest = 2 * RECORDS_PER_PARTITION * 3 // 4
+        target = random.randint(min(len(learned(Path(config.trainer.learn_log))), latest), latest)
+        while len(learned(Path(config.trainer.learn_log))) < target and time.monotonic() < deadline:
+            time.sleep(0.005)
         pids = [int(p) for p in re.findall(r"\d+", re.search(r"replicas \[([\d, ]+)\]", log.read_text()).group(1))]
         victim = random.choice(pids)
         os.kill(victim, signal.SIGKILL)
