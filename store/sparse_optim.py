@@ -82,14 +82,19 @@ def _adagrad(row: Block, g: Tensor, lr: Tensor, step: int, cfg: SparseOptimConfi
     return w - lr * g / ((total + cfg.initial_accumulator).sqrt() + cfg.eps), total, unused
 
 
+def ftrl_weights(z: Tensor, n: Tensor, lr: Tensor, cfg: SparseOptimConfig) -> Tensor:
+    """FTRL-Proximal's closed form: the weights its state (z, n) stands for."""
+    denom = (cfg.ftrl_beta + (n + cfg.initial_accumulator).sqrt()) / lr + cfg.l2
+    shrunk = z - torch.sign(z) * cfg.ftrl_l1
+    return torch.where(z.abs() <= cfg.ftrl_l1, torch.zeros_like(z), -shrunk / denom)
+
+
 def _ftrl(row: Block, g: Tensor, lr: Tensor, step: int, cfg: SparseOptimConfig) -> Block:
     w, z, n = row
     n_new = n + g * g
     sigma = ((n_new + cfg.initial_accumulator).sqrt() - (n + cfg.initial_accumulator).sqrt()) / lr
     z = z + g - sigma * w
-    denom = (cfg.ftrl_beta + (n_new + cfg.initial_accumulator).sqrt()) / lr + cfg.l2
-    shrunk = z - torch.sign(z) * cfg.ftrl_l1
-    return torch.where(z.abs() <= cfg.ftrl_l1, torch.zeros_like(z), -shrunk / denom), z, n_new
+    return ftrl_weights(z, n_new, lr, cfg), z, n_new
 
 
 def _adam(row: Block, g: Tensor, lr: Tensor, step: int, cfg: SparseOptimConfig) -> Block:
@@ -113,3 +118,4 @@ def sparse_step(rows: torch.Tensor, grad: torch.Tensor, step: int, cfg: SparseOp
         grad = grad + cfg.l2 * w
     w, a, b = _RULES[cfg.name]((w, a, b), grad, lr, step, cfg)
     return torch.cat([w, a, b], dim=1)
+
