@@ -118,4 +118,3 @@ def sparse_step(rows: torch.Tensor, grad: torch.Tensor, step: int, cfg: SparseOp
         grad = grad + cfg.l2 * w
     w, a, b = _RULES[cfg.name]((w, a, b), grad, lr, step, cfg)
     return torch.cat([w, a, b], dim=1)
-
