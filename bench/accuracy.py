@@ -26,14 +26,14 @@ import torch
 from rich.progress import Progress
 
 from bench.baseline import BaselineDeepFM
-from stream.featurize import FIELD_SHIFT, MISSING, concat_batches, featurize_records, split_batch
+from stream.featurize import concat_batches, featurize_records, missing_id, split_batch
 from stream.records import FeatureBatch, RawRecord
 from stream.replay import criteo_records, synthetic_records
 from stream.schema import Schema
 from stream.synthetic import SyntheticConfig, SyntheticCriteo
 from trainer.batch import batch_from_features
 from trainer.metrics import auc_exact, ece, logloss
-from trainer.replica import Trainer
+from trainer.replica import Trainer, model_config
 from trainer.settings import TrainerSettings
 
 REAL_BATCH = 64  # 10k rows: 160 steps at 64 (at 1024 they would be 10); see the README on batch size
@@ -106,8 +106,8 @@ def baseline_learner(schema: Schema) -> Learner:
 
     def learn(features: FeatureBatch, batch_size: int) -> np.ndarray:
         torch.manual_seed(0)
-        config = Trainer(schema, TrainerSettings(snapshot_dir="/tmp/adstream-unused")).model_config
-        baseline = BaselineDeepFM(replace(config, kind="deepfm", dense_norm=False), lr=0.001, sparse_lr=0.01)
+        config = replace(model_config(schema, TrainerSettings()), kind="deepfm", dense_norm=False)
+        baseline = BaselineDeepFM(config, lr=0.001, sparse_lr=0.01)
         return np.concatenate(
             [baseline.train_step(batch_from_features([p])) for p in split_batch(features, batch_size)]
         )
@@ -120,7 +120,7 @@ def river_features(features: FeatureBatch) -> Iterator[dict[Any, float]]:
     missing id included), signed log1p per present integer, a flag per missing integer."""
     d = features.dense.shape[1]
     ids = features.ids
-    missing = (ids[:, :d] & ((1 << FIELD_SHIFT) - 1)) == MISSING
+    missing = ids[:, :d] == np.array([missing_id(j) for j in range(d)], dtype=np.int64)
     for i in range(len(ids)):
         x: dict[Any, float] = {}
         for j in range(d):

@@ -37,8 +37,7 @@ class ServedModel:
         """ids int64 (n, F) -> vectors (n * F, E+1), by the trainer's own rule for unseen ids
         (store.table.unseen_vectors)."""
         flat = ids.reshape(-1)
-        pos = np.searchsorted(self.ids, flat).clip(max=max(len(self.ids) - 1, 0))
-        found = (self.ids[pos] == flat) if len(self.ids) else np.zeros(len(flat), dtype=bool)
+        pos, found = find_sorted(self.ids, flat)
         out = torch.empty((len(flat), self.table.dim), dtype=torch.float32)
         if found.any():
             out[torch.from_numpy(found)] = self.vectors[torch.from_numpy(pos[found])]
@@ -46,6 +45,13 @@ class ServedModel:
             columns = np.tile(np.arange(ids.shape[-1]), len(flat) // ids.shape[-1])
             out[torch.from_numpy(~found)] = unseen_vectors(flat, found, columns, self.table, self.shared)
         return out
+
+
+def find_sorted(sorted_ids: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Binary search: positions (m,) of keys in sorted_ids and found (m,) bool."""
+    pos = np.searchsorted(sorted_ids, keys).clip(max=max(len(sorted_ids) - 1, 0))
+    found = (sorted_ids[pos] == keys) if len(sorted_ids) else np.zeros(len(keys), dtype=bool)
+    return pos, found
 
 
 def load_served_model(path: str | Path, version: str, schema: Schema) -> ServedModel:
@@ -65,8 +71,7 @@ def load_served_model(path: str | Path, version: str, schema: Schema) -> ServedM
         return served
     # the shared rows are read like any id, except that one never trained reads its initial vector
     keys = shared_ids(schema)
-    pos = np.searchsorted(ids, keys).clip(max=max(len(ids) - 1, 0))
-    found = (ids[pos] == keys) if len(ids) else np.zeros(len(keys), dtype=bool)
+    pos, found = find_sorted(ids, keys)
     shared = initial_vectors(keys, table.dim, table.seed, table.init_std)
     if found.any():
         shared[torch.from_numpy(found)] = emb["vectors"][torch.from_numpy(pos[found])]

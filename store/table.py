@@ -104,16 +104,18 @@ class EmbeddingTable:
         rows[:, : self.dim] = initial_vectors(ids, self.dim, self.config.seed, self.config.init_std)
         return rows
 
-    def shared_vectors(self) -> torch.Tensor:
-        """(F, dim): the current vector of each field's shared row (its initial vector if never trained)."""
+    def shared_rows(self) -> torch.Tensor:
+        """(F, 3 * dim): each field's shared row as stored (its initial row if never trained)."""
         assert self.shared_ids is not None
         rows, found = self.tier.read(self.shared_ids)
-        rows = rows.cpu()[:, : self.dim]
+        rows = rows.cpu()
         if not found.all():
-            rows[torch.from_numpy(~found)] = initial_vectors(
-                self.shared_ids[~found], self.dim, self.config.seed, self.config.init_std
-            )
+            rows[torch.from_numpy(~found)] = self.fresh_rows(self.shared_ids[~found])
         return rows
+
+    def shared_vectors(self) -> torch.Tensor:
+        """(F, dim): the current vector of each field's shared row."""
+        return self.shared_rows()[:, : self.dim]
 
     def lookup(self, ids: np.ndarray, device: torch.device | str = "cpu") -> Lookup:
         """ids int64 (n, F) (or any shape with min_count 1) -> the Lookup of their rows."""
@@ -148,8 +150,8 @@ class EmbeddingTable:
         if len(missing) == 0:
             counts = np.bincount(inverse, minlength=len(unique))
             return self._finish(unique, inverse, rows, vectors, counts, np.zeros(0, np.int64), 0, device)
-        shared = self.shared_vectors()
-        vectors[torch.from_numpy(missing)] = unseen_vectors(unique, found, columns, self.config, shared)
+        shared = self.shared_rows()  # (F, 3 * dim), read once: what unseen ids read and what waiting ids train
+        vectors[torch.from_numpy(missing)] = unseen_vectors(unique, found, columns, self.config, shared[:, : self.dim])
         admit = self.sketch.estimate(unique[missing]) + 1 >= self.config.min_count
         new = missing[admit]
         rows[torch.from_numpy(new)] = self.fresh_rows(unique[new])
@@ -157,17 +159,10 @@ class EmbeddingTable:
         waiting = missing[~admit]
         keep = np.ones(len(unique), dtype=bool)
         keep[waiting] = False
-        target = np.arange(len(unique))
-        own = np.cumsum(keep) - 1  # position among the kept rows
         used_fields = np.unique(columns[waiting])
-        shared_pos = keep.sum() + np.searchsorted(used_fields, columns[waiting])
-        target = np.where(keep, own, 0)
-        target[waiting] = shared_pos
-        shared_rows, shared_found = self.tier.read(self.shared_ids[used_fields])
-        shared_rows = shared_rows.cpu()
-        if not shared_found.all():
-            fresh = np.nonzero(~shared_found)[0]
-            shared_rows[torch.from_numpy(fresh)] = self.fresh_rows(self.shared_ids[used_fields][fresh])
+        target = np.where(keep, np.cumsum(keep) - 1, 0)  # kept ids: their position among the kept rows
+        target[waiting] = keep.sum() + np.searchsorted(used_fields, columns[waiting])  # waiting: after them
+        shared_rows = shared[torch.from_numpy(used_fields)]
         keep_t = torch.from_numpy(keep)
         all_ids = np.concatenate([unique[keep], self.shared_ids[used_fields]])
         all_rows = torch.cat([rows[keep_t], shared_rows])

@@ -73,7 +73,7 @@ def dense_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> l
     statistics), then every optimizer state tensor but the step counts (Adam's moments, Adagrad's
     sums; none for SGD)."""
     ensure_optimizer_state(optimizer)
-    tensors = [p.data for p in model.parameters()] + [b for b in model.buffers() if b.is_floating_point()]
+    tensors = [p.data for p in model.parameters()] + float_buffers(model)
     for p in model.parameters():
         state = optimizer.state.get(p, {})
         tensors += [state[key] for key in sorted(state) if key != "step"]
@@ -197,10 +197,14 @@ def share_sightings(table: EmbeddingTable) -> int:
     return sent
 
 
+def float_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The model's float buffers: the dense features' running statistics."""
+    return [b for b in model.buffers() if b.is_floating_point()]
+
+
 def average_buffers(model: torch.nn.Module) -> int:
-    """The model's float buffers (the dense features' running statistics) averaged in place, so
-    synchronous replicas keep normalizing alike; returns bytes sent."""
-    return average_tensors([b for b in model.buffers() if b.is_floating_point()])
+    """The float buffers averaged in place, so synchronous replicas keep normalizing alike; returns bytes sent."""
+    return average_tensors(float_buffers(model))
 
 
 def average_grads(model: torch.nn.Module) -> int:

@@ -10,7 +10,6 @@ keeps the counters.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -230,7 +229,7 @@ class Trainer:
             schema_name=self.schema.name,
             schema_hash=self.schema.hash,
             model=self.model_config.to_dict(),
-            table=asdict(self.table_config),
+            table=self.table_config.to_dict(),
             step=self.step,
             events=self.events if events is None else events,
             offsets={str(p): o for p, o in sorted(offsets.items())},
