@@ -64,7 +64,9 @@ def _replica(data: str, settings: dict[str, Any], k: int, schema_name: str) -> d
     """One replica of a bench run (spawned): learn its share of the batches, merge every k rounds."""
     import torch.distributed as dist
 
+    from trainer.loop import Control
     from trainer.replica import Trainer
+    from trainer.schedule import LoopState, Round, Schedule, decide
 
     rank, world = dist.get_rank(), dist.get_world_size()
     arrays = dict(np.load(data))  # an NpzFile would re-read the array from the archive at every access
@@ -72,6 +74,9 @@ def _replica(data: str, settings: dict[str, Any], k: int, schema_name: str) -> d
     trainer = Trainer(load_schema(schema_name), TrainerSettings(**settings))
     labels, probs = [], []
     rounds = len(arrays["sizes"]) // world  # every replica gets the same number of batches
+    # the training loop's own schedule (trainer/schedule.py); this bench neither snapshots nor reports
+    control, state = Control(world), LoopState()
+    schedule = Schedule(world, k, snapshot_every_steps=rounds + 1, log_every_steps=rounds + 1, max_steps=rounds)
     dist.barrier()
     started = time.perf_counter()
     for j in range(rounds):
@@ -81,12 +86,14 @@ def _replica(data: str, settings: dict[str, Any], k: int, schema_name: str) -> d
             torch.from_numpy(arrays["dense"][lo:hi]),
             arrays["ids"][lo:hi],
         )
+        mine = Round.vector(events=len(batch), idle=False, merge_due=False, snapshot_due=False)
+        state, act = decide(state, Round.from_sum(control.sum(mine)), schedule)
         if k == 0:
             prob, _ = trainer.learn_sync(batch)
         else:
             prob = trainer.learn(batch).probs
-            if (j + 1) % k == 0 or j == rounds - 1:
-                trainer.merge()
+        if act.merge:
+            trainer.merge()
         assert prob is not None  # every replica has a batch every round here
         labels.append(batch.labels.numpy())
         probs.append(prob)

@@ -4,6 +4,7 @@ Replicas of a group move in rounds. Each round every replica takes at most one b
 partitions, then all of them add up a small control vector (who has a batch, events, who is
 idle, whether rank 0's clocks say a merge or snapshot is due), so every decision (learn, merge,
 snapshot, log, stop) is taken by all replicas at the same round and collectives never deadlock.
+Those decisions are one pure function, schedule.decide, which `bench merge` follows too.
 A lone trainer runs the same loop with a group of one.
 
 Recovery: on start the newest complete snapshot is restored (model, Adam state, rows, offsets)
@@ -20,7 +21,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -32,8 +33,13 @@ from trainer.batch import Batch
 from trainer.group import join_group, leave_group
 from trainer.metrics import merged_summary
 from trainer.replica import Trainer, store_path
+from trainer.schedule import LoopState, Round, Schedule, decide
 from trainer.settings import MlflowSettings, TrainerSettings
 from trainer.snapshot import latest_snapshot
+
+if TYPE_CHECKING:
+    from trainer.publish import Publisher
+    from trainer.source import BatchSource
 
 log = logging.getLogger("adstream.trainer")
 AUC = Gauge("adstream_trainer_progressive_auc", "cumulative progressive AUC over every replica")
@@ -132,7 +138,7 @@ def run_training(
             leave_group()
 
 
-def _run(  # noqa: C901 (the loop reads top to bottom; its parts are named closures)
+def _run(
     schema: Schema,
     kafka: KafkaSettings,
     settings: TrainerSettings,
@@ -151,24 +157,18 @@ def _run(  # noqa: C901 (the loop reads top to bottom; its parts are named closu
 
     if settings.metrics_port:
         start_http_server(settings.metrics_port + rank)
-    if settings.device.startswith("cuda"):  # run on the CPUs (and so the memory) of this GPU's NUMA node
-        from store.placement import make_plan, pin_to
-        from store.topology import discover
-
-        gpu = torch.device(settings.device).index or int(os.environ.get("LOCAL_RANK", "0"))
-        placement = next((p for p in make_plan(discover()).placements if p.gpu == gpu), None)
-        if placement is not None:
-            log.info("GPU%d: pinned to NUMA node %d, CPUs %s", gpu, placement.numa, pin_to(placement))
+    if settings.device.startswith("cuda"):
+        _pin_to_gpu_numa_node(settings.device)
     if settings.store == "tiered":  # the snapshot is the truth; rows on disk may be newer than it
         shutil.rmtree(store_path(settings, rank), ignore_errors=True)
     control = Control(world)
     trainer = Trainer(schema, settings)
     resumed = latest_snapshot(settings.snapshot_dir)
     run_id = None
-    total_events = 0
+    state = LoopState()
     if resumed is not None:
         manifest = trainer.restore(resumed)
-        total_events = manifest.events
+        state = LoopState(events=manifest.events)
         trainer.events = manifest.events if rank == 0 else 0  # rank 0 carries the job's count
         run_id = str(manifest.extra.get("mlflow_run_id") or "") or None
         log.warning("replica %d resumes from %s (step %d)", rank, resumed, trainer.step)
@@ -179,60 +179,13 @@ def _run(  # noqa: C901 (the loop reads top to bottom; its parts are named closu
     source = BatchSource(kafka, settings.group_id, schema.hash, rank, world, start_offsets=trainer.offsets)
     learn_log = LearnLog(settings.learn_log, rank)
     k = settings.merge_every_steps
+    schedule = Schedule(world, k, settings.snapshot_every_steps, settings.log_every_steps, max_steps, max_events)
     version: str | None = None
     snapshot_path: Path | None = None
-    rounds = last_snapshot_round = since_merge = batches_built = 0
+    batches_built = 0
     last_merge_t = last_snapshot_t = idle_since = time.monotonic()
-    started, start_events = time.perf_counter(), total_events
+    started, start_events = time.perf_counter(), state.events
     merged: dict[str, float] = {}
-
-    def snapshot() -> None:
-        nonlocal version, snapshot_path, last_snapshot_round, last_snapshot_t
-        offsets: dict[int, int] = {}
-        for part in control.gather(trainer.offsets):  # replicas read disjoint partitions
-            offsets.update(part)
-        if publisher is not None:
-            extra = {"mlflow_run_id": publisher.run_id, "workers": world, "merge_every_steps": k}
-            snapshot_path = trainer.save(settings.snapshot_dir, offsets, extra, events=total_events)
-            version = publisher.publish_snapshot(snapshot_path, trainer.step)
-        control.barrier()  # the snapshot is durable before any replica commits its offsets
-        source.commit(offsets)
-        last_snapshot_round, last_snapshot_t = rounds, time.monotonic()
-
-    def merge() -> None:
-        nonlocal since_merge, last_merge_t
-        if k > 0:
-            stats = trainer.merge()
-            if stats.rows or stats.dense_bytes:
-                log.info(
-                    "merge at step %d: %d rows, %d bytes, %.3fs", trainer.step, stats.rows, stats.bytes, stats.seconds
-                )
-        since_merge, last_merge_t = 0, time.monotonic()
-
-    def report() -> None:
-        nonlocal merged
-        merged = merged_summary(trainer.metrics)
-        mine = {
-            **trainer.metrics.summary(),
-            "samples_per_s": trainer.events / trainer.train_seconds if trainer.train_seconds else 0.0,
-            "merge_bytes": float(trainer.bytes_sent),
-            "merge_seconds": trainer.merge_seconds,
-        }
-        everyone = control.gather(mine)
-        AUC.set(merged["progressive_auc"])
-        WINDOW_AUC.set(mine["window_auc"])
-        for stat in ("ece", "mean_ctr", "observed_ctr"):
-            CALIBRATION.labels(stat).set(merged[f"progressive_{stat}"])
-        store_stats = {f"store_{key}": value for key, value in trainer.table.stats().items()}
-        for key, value in store_stats.items():
-            STORE.labels(key).set(value)
-        if publisher is not None:
-            metrics = {**mine, **merged, **store_stats, "merges": float(trainer.merges)}
-            metrics["merge_bytes"] = sum(m["merge_bytes"] for m in everyone)
-            if world > 1:
-                metrics.update({f"rank{r}_{key}": value for r, m in enumerate(everyone) for key, value in m.items()})
-            publisher.log_metrics(metrics, trainer.step)
-
     bar = Progress(TextColumn("train"), TextColumn("{task.fields[info]}"), TimeElapsedColumn(), disable=not progress)
     batches = source.batches(settings.batch_size, idle_s=settings.idle_s)
     try:
@@ -243,22 +196,14 @@ def _run(  # noqa: C901 (the loop reads top to bottom; its parts are named closu
                 now = time.monotonic()
                 if batch is not None:
                     idle_since = now
-                idle = idle_exit_s is not None and now - idle_since >= idle_exit_s
-                merge_time = rank == 0 and 0 < settings.merge_every_s <= now - last_merge_t
-                snapshot_time = rank == 0 and now - last_snapshot_t >= settings.snapshot_every_s
-                has, events, idle_count, merge_due_t, snapshot_due_t = control.sum(
-                    [
-                        float(batch is not None),
-                        float(len(batch) if batch else 0),
-                        float(idle),
-                        merge_time,
-                        snapshot_time,
-                    ]
+                mine = Round.vector(
+                    events=len(batch) if batch is not None else None,
+                    idle=idle_exit_s is not None and now - idle_since >= idle_exit_s,
+                    merge_due=rank == 0 and 0 < settings.merge_every_s <= now - last_merge_t,
+                    snapshot_due=rank == 0 and now - last_snapshot_t >= settings.snapshot_every_s,
                 )
-                if has:
-                    rounds += 1
-                    since_merge += 1
-                    total_events += int(events)
+                state, act = decide(state, Round.from_sum(control.sum(mine)), schedule)
+                if act.learn:
                     if k == 0:
                         trainer.learn_sync(batch)  # every replica, with or without a batch
                     elif batch is not None:
@@ -266,23 +211,20 @@ def _run(  # noqa: C901 (the loop reads top to bottom; its parts are named closu
                     if batch is not None:
                         batches_built += batch.parts
                         learn_log.write(batch, trainer.step)
-                stop = (idle_count == world and not has) or bool(
-                    (max_steps and rounds >= max_steps) or (max_events and total_events >= max_events)
-                )
-                if stop or (since_merge and (since_merge >= max(k, 1) or merge_due_t)):
-                    merge()
-                    snapshot_due = rounds - last_snapshot_round >= settings.snapshot_every_steps or snapshot_due_t
-                    if rounds > last_snapshot_round and (stop or snapshot_due):
-                        snapshot()
-                if has and rounds % settings.log_every_steps == 0:
-                    report()
-                    bar.update(
-                        task,
-                        info=f"step {trainer.step} events {total_events} auc {merged['progressive_auc']:.4f}",
-                    )
-                if stop:
+                if act.merge:
+                    _merge(trainer)
+                if act.sync:
+                    last_merge_t = time.monotonic()
+                if act.snapshot:
+                    snapshot_path, version = _snapshot(trainer, control, publisher, source, settings, state.events)
+                    last_snapshot_t = time.monotonic()
+                if act.report:
+                    merged = _report(trainer, control, publisher)
+                    info = f"step {trainer.step} events {state.events} auc {merged['progressive_auc']:.4f}"
+                    bar.update(task, info=info)
+                if act.stop:
                     break
-        report()
+        merged = _report(trainer, control, publisher)
         if publisher is not None:
             publisher.finish()
     except BaseException:
@@ -297,7 +239,7 @@ def _run(  # noqa: C901 (the loop reads top to bottom; its parts are named closu
     window = trainer.metrics.summary()
     return TrainSummary(
         steps=trainer.step,
-        events=total_events,
+        events=state.events,
         batches_built=batches_built,
         progressive_auc=merged["progressive_auc"],
         progressive_logloss=merged["progressive_logloss"],
@@ -305,9 +247,79 @@ def _run(  # noqa: C901 (the loop reads top to bottom; its parts are named closu
         window_logloss=window["window_logloss"],
         model_version=version,
         snapshot_path=str(snapshot_path) if snapshot_path else None,
-        samples_per_s=(total_events - start_events) / wall if wall else 0.0,
+        samples_per_s=(state.events - start_events) / wall if wall else 0.0,
         workers=world,
         merges=trainer.merges,
         merge_bytes=merge_bytes,
         resumed_from=str(resumed) if resumed else None,
     )
+
+
+def _pin_to_gpu_numa_node(device: str) -> None:
+    """Run on the CPUs (and so the memory) of this GPU's NUMA node."""
+    from store.placement import make_plan, pin_to
+    from store.topology import discover
+
+    gpu = torch.device(device).index or int(os.environ.get("LOCAL_RANK", "0"))
+    placement = next((p for p in make_plan(discover()).placements if p.gpu == gpu), None)
+    if placement is not None:
+        log.info("GPU%d: pinned to NUMA node %d, CPUs %s", gpu, placement.numa, pin_to(placement))
+
+
+def _merge(trainer: Trainer) -> None:
+    stats = trainer.merge()
+    if stats.rows or stats.dense_bytes:
+        log.info("merge at step %d: %d rows, %d bytes, %.3fs", trainer.step, stats.rows, stats.bytes, stats.seconds)
+
+
+def _snapshot(
+    trainer: Trainer,
+    control: Control,
+    publisher: Publisher | None,
+    source: BatchSource,
+    settings: TrainerSettings,
+    events: int,
+) -> tuple[Path | None, str | None]:
+    """Rank 0 writes and publishes the snapshot (the replicas hold the same model right after a
+    merge); every replica then commits its offsets. Returns (path, registry version) on rank 0."""
+    offsets: dict[int, int] = {}
+    for part in control.gather(trainer.offsets):  # replicas read disjoint partitions
+        offsets.update(part)
+    path = version = None
+    if publisher is not None:
+        extra = {
+            "mlflow_run_id": publisher.run_id,
+            "workers": control.world,
+            "merge_every_steps": settings.merge_every_steps,
+        }
+        path = trainer.save(settings.snapshot_dir, offsets, extra, events=events)
+        version = publisher.publish_snapshot(path, trainer.step)
+    control.barrier()  # the snapshot is durable before any replica commits its offsets
+    source.commit(offsets)
+    return path, version
+
+
+def _report(trainer: Trainer, control: Control, publisher: Publisher | None) -> dict[str, float]:
+    """Metrics to Prometheus (every replica) and MLflow (rank 0). Returns the merged summary."""
+    merged = merged_summary(trainer.metrics)
+    mine = {
+        **trainer.metrics.summary(),
+        "samples_per_s": trainer.events / trainer.train_seconds if trainer.train_seconds else 0.0,
+        "merge_bytes": float(trainer.bytes_sent),
+        "merge_seconds": trainer.merge_seconds,
+    }
+    everyone = control.gather(mine)
+    AUC.set(merged["progressive_auc"])
+    WINDOW_AUC.set(mine["window_auc"])
+    for stat in ("ece", "mean_ctr", "observed_ctr"):
+        CALIBRATION.labels(stat).set(merged[f"progressive_{stat}"])
+    store_stats = {f"store_{key}": value for key, value in trainer.table.stats().items()}
+    for key, value in store_stats.items():
+        STORE.labels(key).set(value)
+    if publisher is not None:
+        metrics = {**mine, **merged, **store_stats, "merges": float(trainer.merges)}
+        metrics["merge_bytes"] = sum(m["merge_bytes"] for m in everyone)
+        if control.world > 1:
+            metrics.update({f"rank{r}_{key}": value for r, m in enumerate(everyone) for key, value in m.items()})
+        publisher.log_metrics(metrics, trainer.step)
+    return merged

@@ -1,0 +1,150 @@
+"""trainer.schedule.decide: the training loop's decisions, case by case, and over whole runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainer.schedule import Actions, LoopState, Round, Schedule, decide
+
+TWO = Schedule(world=2, merge_every_steps=4, snapshot_every_steps=8, log_every_steps=5)
+
+
+# (name, state before, summed round, schedule) -> (state after, actions)
+CASES = [
+    (
+        "a batch: learn, count rounds and events",
+        LoopState(rounds=0, events=10),
+        Round(batches=1, events=7, idle=1),
+        TWO,
+        LoopState(rounds=1, events=17, since_merge=1),
+        Actions(learn=True, merge=False, snapshot=False, report=False, stop=False),
+    ),
+    (
+        "no batch, not everyone idle: wait",
+        LoopState(rounds=3, events=30, since_merge=3),
+        Round(batches=0, events=0, idle=1),
+        TWO,
+        LoopState(rounds=3, events=30, since_merge=3),
+        Actions(learn=False, merge=False, snapshot=False, report=False, stop=False),
+    ),
+    (
+        "k-th learning round: merge, no snapshot yet",
+        LoopState(rounds=3, since_merge=3),
+        Round(batches=2, events=8, idle=0),
+        TWO,
+        LoopState(rounds=4, events=8, since_merge=0),
+        Actions(learn=True, merge=True, snapshot=False, report=False, stop=False, sync=True),
+    ),
+    (
+        "merge at snapshot_every_steps: merge then snapshot",
+        LoopState(rounds=7, since_merge=3),
+        Round(batches=2, events=8, idle=0),
+        TWO,
+        LoopState(rounds=8, events=8, since_merge=0, last_snapshot_round=8),
+        Actions(learn=True, merge=True, snapshot=True, report=False, stop=False, sync=True),
+    ),
+    (
+        "snapshot due but no merge due: wait for the sync point",
+        LoopState(rounds=1, since_merge=1),
+        Round(batches=2, events=8, idle=0, snapshot_due=True),
+        TWO,
+        LoopState(rounds=2, events=8, since_merge=2),
+        Actions(learn=True, merge=False, snapshot=False, report=False, stop=False),
+    ),
+    (
+        "rank 0's merge clock: merge early, with the snapshot clock snapshot too",
+        LoopState(rounds=1, since_merge=1),
+        Round(batches=1, events=4, idle=0, merge_due=True, snapshot_due=True),
+        TWO,
+        LoopState(rounds=2, events=4, since_merge=0, last_snapshot_round=2),
+        Actions(learn=True, merge=True, snapshot=True, report=False, stop=False, sync=True),
+    ),
+    (
+        "merge clock with nothing learned since the last merge: nothing to do",
+        LoopState(rounds=4, since_merge=0),
+        Round(batches=0, events=0, idle=0, merge_due=True),
+        TWO,
+        LoopState(rounds=4, since_merge=0),
+        Actions(learn=False, merge=False, snapshot=False, report=False, stop=False),
+    ),
+    (
+        "everyone idle, no batch: stop with a final merge and snapshot",
+        LoopState(rounds=5, since_merge=1, last_snapshot_round=0),
+        Round(batches=0, events=0, idle=2),
+        TWO,
+        LoopState(rounds=5, since_merge=0, last_snapshot_round=5),
+        Actions(learn=False, merge=True, snapshot=True, report=False, stop=True, sync=True),
+    ),
+    (
+        "stop right after a snapshot: merge, but no second snapshot of the same rounds",
+        LoopState(rounds=8, since_merge=0, last_snapshot_round=8),
+        Round(batches=0, events=0, idle=2),
+        TWO,
+        LoopState(rounds=8, since_merge=0, last_snapshot_round=8),
+        Actions(learn=False, merge=True, snapshot=False, report=False, stop=True, sync=True),
+    ),
+    (
+        "max_steps reached: stop after learning this round",
+        LoopState(rounds=9, since_merge=1),
+        Round(batches=2, events=8, idle=0),
+        Schedule(world=2, merge_every_steps=4, snapshot_every_steps=100, log_every_steps=5, max_steps=10),
+        LoopState(rounds=10, events=8, since_merge=0, last_snapshot_round=10),
+        Actions(learn=True, merge=True, snapshot=True, report=True, stop=True, sync=True),
+    ),
+    (
+        "max_events counts the job's events, a resumed snapshot's included",
+        LoopState(rounds=0, events=95),
+        Round(batches=1, events=8, idle=0),
+        Schedule(world=1, merge_every_steps=4, snapshot_every_steps=100, log_every_steps=5, max_events=100),
+        LoopState(rounds=1, events=103, since_merge=0, last_snapshot_round=1),
+        Actions(learn=True, merge=True, snapshot=True, report=False, stop=True, sync=True),
+    ),
+    (
+        "k = 0 (synchronous): every round is a sync point, never a merge",
+        LoopState(rounds=2, since_merge=0),
+        Round(batches=1, events=8, idle=1),
+        Schedule(world=2, merge_every_steps=0, snapshot_every_steps=3, log_every_steps=3),
+        LoopState(rounds=3, events=8, since_merge=0, last_snapshot_round=3),
+        Actions(learn=True, merge=False, snapshot=True, report=True, stop=False, sync=True),
+    ),
+    (
+        "report every log_every_steps learning rounds",
+        LoopState(rounds=4, since_merge=1),
+        Round(batches=2, events=8, idle=0),
+        TWO,
+        LoopState(rounds=5, events=8, since_merge=2),
+        Actions(learn=True, merge=False, snapshot=False, report=True, stop=False),
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "state", "summed", "schedule", "after", "actions"), CASES, ids=[c[0] for c in CASES])
+def test_decide(name: str, state: LoopState, summed: Round, schedule: Schedule, after: LoopState, actions: Actions) -> None:
+    assert decide(state, summed, schedule) == (after, actions)
+
+
+def test_control_vector_round_trip() -> None:
+    one = Round.vector(events=5, idle=False, merge_due=True, snapshot_due=False)
+    none = Round.vector(events=None, idle=True, merge_due=False, snapshot_due=True)
+    summed = [a + b for a, b in zip(one, none, strict=True)]
+    assert Round.from_sum(summed) == Round(batches=1, events=5, idle=1, merge_due=True, snapshot_due=True)
+
+
+@pytest.mark.parametrize("k", [1, 3, 16])
+def test_a_run_merges_every_k_rounds_and_at_the_end(k: int) -> None:
+    schedule = Schedule(world=2, merge_every_steps=k, snapshot_every_steps=10, log_every_steps=7, max_steps=25)
+    state, merges, snapshots, stops = LoopState(), [], [], []
+    for _ in range(25):
+        state, act = decide(state, Round(batches=2, events=4, idle=0), schedule)
+        if act.merge:
+            merges.append(state.rounds)
+        if act.snapshot:
+            snapshots.append(state.rounds)
+        if act.stop:
+            stops.append(state.rounds)
+    assert merges == sorted({*range(k, 25, k), 25})
+    assert stops == [25]
+    assert snapshots[-1] == 25  # the final state is always in a snapshot
+    gaps = [b - a for a, b in zip([0, *snapshots], snapshots, strict=False)]
+    assert all(g >= 10 for g in gaps[:-1])  # no snapshot before snapshot_every_steps rounds, but the last
+    assert state.events == 25 * 4
