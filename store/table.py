@@ -3,6 +3,8 @@ deterministically, admits ids by frequency, and applies the sparse optimizer to 
 touched (sparse_optim.py: Adagrad, FTRL-Proximal, Adam or SGD; the state lives in the row).
 
 Row layout in the tier, width 3 * dim: [vector (dim) | optimizer state (2 * dim)].
+A table over a tier of width dim holds vectors only (serving's loaded snapshot): the same
+lookups, no updates.
 
 Unseen ids, one rule for the trainer and for serving (`unseen_vectors`):
   - min_count <= 1: an unseen id reads its deterministic initial vector (store/init.py) and gets a
@@ -83,14 +85,19 @@ def unseen_vectors(
 
 class EmbeddingTable:
     def __init__(self, tier: Tier, config: TableConfig, shared_ids: np.ndarray | None = None) -> None:
-        if tier.width != 3 * config.dim:
-            raise StoreError(f"EmbeddingTable: tier width {tier.width} != 3 * dim ({3 * config.dim})")
+        if tier.width not in (config.dim, 3 * config.dim):
+            raise StoreError(
+                f"EmbeddingTable: tier width {tier.width}; use 3 * dim ({3 * config.dim}) to train, "
+                f"or dim ({config.dim}) for vectors only (lookups, as serving does)"
+            )
         if config.min_count > 1 and shared_ids is None:
             raise StoreError("EmbeddingTable: min_count > 1 needs shared_ids (one shared row id per field)")
         self.tier = tier
         self.config = config
+        self.trainable = tier.width == 3 * config.dim  # False: vectors only, no optimizer state
         self.shared_ids = None if shared_ids is None else np.asarray(shared_ids, dtype=np.int64)
-        self.sketch = AdmissionSketch(config.admission_bytes, config.seed) if config.min_count > 1 else None
+        admitting = config.min_count > 1 and self.trainable
+        self.sketch = AdmissionSketch(config.admission_bytes, config.seed) if admitting else None
         self.admissions = 0
         self._touched: list[np.ndarray] = []  # ids written since the last take_touched() (replica merges)
         self._sighted: list[np.ndarray] = []  # ids counted by the sketch since the last take_sighted()
@@ -100,12 +107,13 @@ class EmbeddingTable:
         return self.config.dim
 
     def fresh_rows(self, ids: np.ndarray) -> torch.Tensor:
-        rows = torch.zeros((len(ids), 3 * self.dim), dtype=torch.float32)
+        """(n, tier width): initial vectors, zero optimizer state."""
+        rows = torch.zeros((len(ids), self.tier.width), dtype=torch.float32)
         rows[:, : self.dim] = initial_vectors(ids, self.dim, self.config.seed, self.config.init_std)
         return rows
 
     def shared_rows(self) -> torch.Tensor:
-        """(F, 3 * dim): each field's shared row as stored (its initial row if never trained)."""
+        """(F, tier width): each field's shared row as stored (its initial row if never trained)."""
         assert self.shared_ids is not None
         rows, found = self.tier.read(self.shared_ids)
         rows = rows.cpu()
@@ -122,7 +130,7 @@ class EmbeddingTable:
         flat = ids.reshape(-1)
         unique, inverse = np.unique(flat, return_inverse=True)
         inverse = inverse.reshape(-1)
-        if self.sketch is None:
+        if self.config.min_count <= 1:
             rows, found = self.tier.read(unique)
             rows = rows.cpu()
             fresh = np.nonzero(~found)[0]
@@ -137,7 +145,7 @@ class EmbeddingTable:
     def _lookup_admitting(
         self, ids: np.ndarray, unique: np.ndarray, inverse: np.ndarray, device: torch.device | str
     ) -> Lookup:
-        assert self.sketch is not None and self.shared_ids is not None
+        assert self.shared_ids is not None
         fields = len(self.shared_ids)
         if ids.ndim != 2 or ids.shape[1] != fields:
             raise StoreError(f"EmbeddingTable.lookup: ids of shape {ids.shape}; admission needs (n, {fields})")
@@ -152,7 +160,10 @@ class EmbeddingTable:
             return self._finish(unique, inverse, rows, vectors, counts, np.zeros(0, np.int64), 0, device)
         shared = self.shared_rows()  # (F, 3 * dim), read once: what unseen ids read and what waiting ids train
         vectors[torch.from_numpy(missing)] = unseen_vectors(unique, found, columns, self.config, shared[:, : self.dim])
-        admit = self.sketch.estimate(unique[missing]) + 1 >= self.config.min_count
+        if self.sketch is None:  # vectors only: nothing is learned, so there is nothing to admit
+            admit = np.ones(len(missing), dtype=bool)
+        else:
+            admit = self.sketch.estimate(unique[missing]) + 1 >= self.config.min_count
         new = missing[admit]
         rows[torch.from_numpy(new)] = self.fresh_rows(unique[new])
         # ids still waiting: their occurrences point at their field's shared row instead
@@ -184,6 +195,10 @@ class EmbeddingTable:
 
     def update(self, lookup: Lookup, grad: torch.Tensor, step: int) -> None:
         """Apply the sparse optimizer with grad (u, dim) (of the batch's summed loss) and write the rows back."""
+        if not self.trainable:
+            raise StoreError(
+                "EmbeddingTable.update: this table holds vectors only (a served snapshot); it cannot learn"
+            )
         grad = cowclip(grad, lookup.rows[:, : self.dim], lookup.counts, self.config.optim)
         new_rows = sparse_step(lookup.rows, grad, step, self.config.optim).detach()
         self.count_sightings(lookup)

@@ -119,7 +119,9 @@ CASES = [
 
 
 @pytest.mark.parametrize(("name", "state", "summed", "schedule", "after", "actions"), CASES, ids=[c[0] for c in CASES])
-def test_decide(name: str, state: LoopState, summed: Round, schedule: Schedule, after: LoopState, actions: Actions) -> None:
+def test_decide(
+    name: str, state: LoopState, summed: Round, schedule: Schedule, after: LoopState, actions: Actions
+) -> None:
     assert decide(state, summed, schedule) == (after, actions)
 
 

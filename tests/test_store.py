@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from store.errors import StoreError
+from store.frozen import FrozenTier
 from store.hierarchy import HierarchyConfig, TieredStore
 from store.init import initial_vectors
 from store.ram import RamTier
@@ -149,3 +150,44 @@ def test_state_moves_with_the_row():
     ids, rows = table.export()
     assert ids.tolist() == [42]
     assert (rows[0, 2:4] != 0).all() and (rows[0, 4:6] != 0).all()  # both moments stored in the row
+
+
+def test_frozen_tier_reads_what_was_exported_and_refuses_writes(tier):
+    """A snapshot's rows served from sorted arrays read exactly as the tier they came from."""
+    ids = np.array([-(2**63), -5, 3, 9, 2**62 + 1], dtype=np.int64)
+    tier.write(ids, torch.arange(len(ids) * WIDTH, dtype=torch.float32).view(-1, WIDTH))
+    exported = np.sort(tier.all_ids())
+    frozen = FrozenTier(exported, tier.read(exported)[0].cpu())
+    probe = np.array([9, 4, -(2**63), 2**62 + 1, 2**63 - 1], dtype=np.int64)
+    (want, want_found), (got, got_found) = tier.read(probe), frozen.read(probe)
+    assert got_found.tolist() == want_found.tolist() == [True, False, True, True, False]
+    torch.testing.assert_close(got, want.cpu())
+    assert len(frozen) == len(ids) and isinstance(frozen, Tier)
+    with pytest.raises(StoreError, match="read-only"):
+        frozen.write(probe[:1], torch.zeros(1, WIDTH))
+    with pytest.raises(StoreError, match="sorted"):
+        FrozenTier(exported[::-1].copy(), torch.zeros(len(ids), WIDTH))
+
+
+@pytest.mark.parametrize("min_count", [1, 3])
+def test_vectors_only_table_looks_up_as_the_training_table(min_count):
+    """Serving's table (vectors only, over a FrozenTier) gives every id, held or unseen, the vector
+    the training table gives it; it refuses to learn."""
+    dim, fields = 3, 2
+    config = TableConfig(dim=dim, seed=4, min_count=min_count)
+    shared = np.array([1000, 1001], dtype=np.int64)
+    train = EmbeddingTable(RamTier(3 * dim, 1 << 20), config, shared if min_count > 1 else None)
+    rng = np.random.default_rng(0)
+    for step in range(1, 6):
+        batch = rng.integers(0, 12, size=(8, fields)).astype(np.int64)
+        lookup = train.lookup(batch)
+        train.update(lookup, torch.from_numpy(rng.normal(size=(len(lookup.unique_ids), dim)).astype(np.float32)), step)
+    ids, rows = train.export()
+    served = EmbeddingTable(FrozenTier(ids, rows[:, :dim].clone()), config, shared if min_count > 1 else None)
+    probe = np.array([[0, 1], [5, 99], [98, 3], [11, 11]], dtype=np.int64)  # held and unseen ids
+    a, b = train.lookup(probe), served.lookup(probe)
+    torch.testing.assert_close(b.vectors[b.inverse], a.vectors[a.inverse])
+    with pytest.raises(StoreError, match="vectors only"):
+        served.update(b, torch.zeros(len(b.unique_ids), dim), 1)
+    with pytest.raises(StoreError, match="tier width"):
+        EmbeddingTable(RamTier(2 * dim, 1 << 20), config)
