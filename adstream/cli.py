@@ -13,7 +13,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from adstream.config import Config, load_config
-from adstream.errors import AdstreamError
+from adstream.errors import AdstreamError, CliError
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -38,7 +38,7 @@ def cmd_up(args: argparse.Namespace) -> None:
     from stream.topics import ensure_topics
 
     config = _config(args)
-    stack.up(config.stack)
+    stack.up(config.stack, config.kafka)
     created = ensure_topics(config.kafka)
     print(f"kafka  {config.stack.bootstrap}  topics created: {created or 'none (already there)'}")
     print(f"mlflow {config.stack.tracking_uri}  (the UI)")
@@ -85,7 +85,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
     elif args.paths:
         records, total = criteo_records(args.paths, schema, args.loop, args.bundle, args.bundle_format), None
     else:
-        raise AdstreamError("replay: give Criteo TSV file(s) or --synthetic N")
+        raise CliError("replay: give Criteo TSV file(s) or --synthetic N")
     summary = replay(records, config.kafka, rate=args.rate, limit=args.limit, total=total)
     print(json.dumps(asdict(summary)))
 
@@ -106,13 +106,13 @@ def cmd_train(args: argparse.Namespace) -> None:
     config = _config(args)
     workers = args.workers or config.trainer.workers
     if workers < 1:
-        raise AdstreamError(f"train --workers {workers}: use 1 or more replicas")
+        raise CliError(f"train --workers {workers}: use 1 or more replicas")
     if workers > 1 and "WORLD_SIZE" not in os.environ:  # supervise N replicas (torchrun sets WORLD_SIZE itself)
         from trainer.group import supervise
 
         code = supervise(args.argv, workers, config.trainer.max_restarts)
         if code:
-            raise AdstreamError(f"train: the replica group failed (exit {code}); see the log above")
+            raise CliError(f"train: the replica group failed (exit {code}); see the log above")
         return
     summary = run_training(
         load_schema(config.stream.schema),
@@ -153,7 +153,7 @@ def cmd_predict(args: argparse.Namespace) -> None:
     try:
         body = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise AdstreamError(f"predict: the event is not valid JSON ({exc})") from None
+        raise CliError(f"predict: the event is not valid JSON ({exc})") from None
     response = httpx.post(f"{url}/predict", json=body, timeout=10)
     print(json.dumps(response.json(), indent=2))
     if response.status_code != 200:
@@ -171,7 +171,7 @@ def cmd_topology(args: argparse.Namespace) -> None:
     for item in args.storage:
         node, sep, path = item.partition("=")
         if not sep or not node.isdigit():
-            raise AdstreamError(f"topology --storage {item!r}: write NUMA_NODE=PATH, e.g. 0=/nvme0/adstream")
+            raise CliError(f"topology --storage {item!r}: write NUMA_NODE=PATH, e.g. 0=/nvme0/adstream")
         storage[int(node)] = path
     plan = make_plan(topology, storage)
     if args.json:
@@ -220,7 +220,16 @@ def cmd_bench(args: argparse.Namespace) -> None:
             ablation=not args.no_ablation,
         )
     else:
-        result = run_pipeline_bench(_config(args), events=args.events or 100_000, criteo_dir=args.criteo)
+        from pathlib import Path
+
+        from adstream import stack
+
+        config = _config(args)
+        stack.up(config.stack, config.kafka)
+        log_dir = Path(config.stack.state_dir).resolve() / "bench-logs"
+        result = run_pipeline_bench(
+            config.kafka, config.stream, config.trainer, log_dir, events=args.events or 100_000, criteo_dir=args.criteo
+        )
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:
@@ -336,14 +345,9 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     args.argv = argv  # the supervisor of `train --workers N` starts replicas with the same arguments
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from serving.errors import ServingError
-    from store.errors import StoreError
-    from stream.errors import StreamError
-    from trainer.errors import TrainerError
-
     try:
         args.func(args)
-    except (AdstreamError, StreamError, StoreError, TrainerError, ServingError) as exc:
+    except AdstreamError as exc:  # every package's errors derive from it (adstream/errors.py)
         print(f"adstream {args.command}: {exc}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

@@ -1,6 +1,6 @@
 """One config for every component, from an optional TOML file plus `--set section.key=value` flags.
 
-    [stack]   adstream.stack.StackSettings      [kafka]    stream.settings.KafkaSettings
+    [stack]   adstream.settings.StackSettings     [kafka]    stream.settings.KafkaSettings
     [stream]  stream.settings.StreamSettings    [trainer]  trainer.settings.TrainerSettings
     [mlflow]  trainer.settings.MlflowSettings   [serving]  serving.settings.ServingSettings
 
@@ -17,8 +17,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from adstream.errors import AdstreamError
-from adstream.stack import StackSettings
+from adstream.errors import CliError
+from adstream.settings import StackSettings
 from serving.settings import ServingSettings
 from stream.settings import KafkaSettings, StreamSettings
 from trainer.settings import MlflowSettings, TrainerSettings
@@ -66,7 +66,7 @@ def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
                 raise ValueError(value)
             return str(value)
     except (TypeError, ValueError):
-        raise AdstreamError(f"config {where}={value!r}: expected {type(default).__name__} like {default!r}") from None
+        raise CliError(f"config {where}={value!r}: expected {type(default).__name__} like {default!r}") from None
     return value
 
 
@@ -75,15 +75,15 @@ def build_config(sections: dict[str, dict[str, Any]]) -> Config:
     built: dict[str, Any] = {}
     for section, values in sections.items():
         if section not in SECTIONS:
-            raise AdstreamError(f"config: unknown section [{section}]; valid sections: {sorted(SECTIONS)}")
+            raise CliError(f"config: unknown section [{section}]; valid sections: {sorted(SECTIONS)}")
         if not isinstance(values, dict):
-            raise AdstreamError(f"config [{section}]: expected a table of settings, got {values!r}")
+            raise CliError(f"config [{section}]: expected a table of settings, got {values!r}")
         cls = SECTIONS[section]
         defaults = cls()
         names = {f.name for f in fields(cls)}
         for key in values:
             if key not in names:
-                raise AdstreamError(f"config: unknown key {section}.{key}; valid keys of [{section}]: {sorted(names)}")
+                raise CliError(f"config: unknown key {section}.{key}; valid keys of [{section}]: {sorted(names)}")
         built[section] = replace(
             defaults, **{k: _coerce(section, k, v, getattr(defaults, k)) for k, v in values.items()}
         )
@@ -104,7 +104,7 @@ def parse_set(assignments: list[str]) -> dict[str, dict[str, Any]]:
         key, sep, value = item.partition("=")
         section, dot, name = key.partition(".")
         if not sep or not dot:
-            raise AdstreamError(f"--set {item!r}: write section.key=value, e.g. trainer.lr=0.01")
+            raise CliError(f"--set {item!r}: write section.key=value, e.g. trainer.lr=0.01")
         out.setdefault(section.strip(), {})[name.strip()] = value
     return out
 
@@ -116,11 +116,11 @@ def load_config(path: str | None = None, assignments: list[str] | None = None) -
     if chosen:
         file = Path(chosen)
         if not file.is_file():
-            raise AdstreamError(f"config: no file at {file}")
+            raise CliError(f"config: no file at {file}")
         try:
             sections = tomllib.loads(file.read_text())
         except tomllib.TOMLDecodeError as exc:
-            raise AdstreamError(f"config {file}: not valid TOML: {exc}") from None
+            raise CliError(f"config {file}: not valid TOML: {exc}") from None
     for section, values in parse_set(assignments or []).items():
         sections.setdefault(section, {}).update(values)
     return build_config(sections)

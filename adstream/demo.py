@@ -7,10 +7,7 @@ snapshot in MLflow -> HTTP server (subprocess) -> a few predictions printed.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -19,8 +16,9 @@ from typing import Any
 import numpy as np
 
 from adstream import stack
-from adstream.config import Config, as_dict
-from adstream.errors import AdstreamError
+from adstream.config import Config
+from adstream.errors import CliError
+from adstream.processes import cli_process, stop_process, write_toml
 from stream.replay import replay, synthetic_records
 from stream.schema import load_schema
 from stream.synthetic import SyntheticConfig, SyntheticCriteo
@@ -29,41 +27,13 @@ from trainer.loop import run_training
 from trainer.metrics import auc_exact
 
 
-def write_toml(config: Config, path: Path) -> Path:
-    """Write a Config as TOML (values are str, int, float, bool or tuples of those)."""
-    lines = []
-    for section, values in as_dict(config).items():
-        lines.append(f"[{section}]")
-        for key, value in values.items():
-            lines.append(f"{key} = {json.dumps(list(value) if isinstance(value, tuple) else value)}")
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def cli_process(config_file: Path, *args: str, log: Path) -> subprocess.Popen[bytes]:
-    """Start `adstream --config FILE args...` in the background with its output in `log`."""
-    cmd = [sys.executable, "-m", "adstream.cli", "--config", str(config_file), *args]
-    with open(log, "ab") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 def wait_for_model(url: str, proc: subprocess.Popen[bytes], timeout_s: float, log: Path) -> dict[str, Any]:
     import httpx
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise AdstreamError(f"serve exited with {proc.returncode}; log {log}:\n{log.read_text()[-2000:]}")
+            raise CliError(f"serve exited with {proc.returncode}; log {log}:\n{log.read_text()[-2000:]}")
         try:
             response = httpx.get(f"{url}/model", timeout=2)
             if response.status_code == 200:
@@ -71,7 +41,7 @@ def wait_for_model(url: str, proc: subprocess.Popen[bytes], timeout_s: float, lo
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
-    raise AdstreamError(f"serve: no model loaded after {timeout_s}s; log {log}")
+    raise CliError(f"serve: no model loaded after {timeout_s}s; log {log}")
 
 
 def run_demo(config: Config, events: int = 60_000, show: int = 5, json_path: str | None = None) -> dict[str, Any]:
@@ -79,7 +49,7 @@ def run_demo(config: Config, events: int = 60_000, show: int = 5, json_path: str
 
     start = time.perf_counter()
     print(f"[1/6] starting Kafka ({config.stack.bootstrap}) and MLflow ({config.stack.tracking_uri})", flush=True)
-    stack.up(config.stack)
+    stack.up(config.stack, config.kafka)
     ensure_topics(config.kafka)
     state = Path(config.stack.state_dir).resolve()
     logs = state / "demo-logs"
@@ -101,7 +71,7 @@ def run_demo(config: Config, events: int = 60_000, show: int = 5, json_path: str
         print("[4/6] training until every replayed event is learned, publishing snapshots to MLflow", flush=True)
         summary = run_training(schema, config.kafka, config.trainer, config.mlflow, max_events=events, idle_exit_s=120)
         if summary.events < events:
-            raise AdstreamError(f"demo: trainer learned {summary.events} of {events} events; see {logs / 'stream.log'}")
+            raise CliError(f"demo: trainer learned {summary.events} of {events} events; see {logs / 'stream.log'}")
 
         print("[5/6] serving the new model version", flush=True)
         server = cli_process(config_file, "serve", log=logs / "serve.log")

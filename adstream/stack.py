@@ -9,38 +9,18 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from adstream.errors import AdstreamError
+from adstream.errors import CliError
+from adstream.processes import pid_alive, port_open, spawn, stop_pid_file, wait_until
+from adstream.settings import StackSettings
+from stream.settings import KafkaSettings
 
 KAFKA_VERSION = "4.1.1"
 POM = Path(__file__).parent / "kafka" / "pom.xml"
 LOG4J = Path(__file__).parent / "kafka" / "log4j2.properties"
-
-
-@dataclass(frozen=True)
-class StackSettings:
-    state_dir: str = ".state/stack"  # data, logs and pid files of the local processes
-    kafka_port: int = 19092  # broker listener (clients connect here)
-    controller_port: int = 19093  # KRaft controller listener
-    mlflow_port: int = 15000  # MLflow tracking server
-    kafka_heap: str = "768m"  # -Xmx of the broker JVM
-    jar_cache: str = "~/.cache/adstream"  # where the Kafka jars are kept between clones
-    start_timeout_s: float = 120.0  # how long to wait for each service to come up
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.kafka_port}"
-
-    @property
-    def tracking_uri(self) -> str:
-        return f"http://127.0.0.1:{self.mlflow_port}"
 
 
 def _state(settings: StackSettings) -> Path:
@@ -49,19 +29,13 @@ def _state(settings: StackSettings) -> Path:
     return path
 
 
-def port_open(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex((host, port)) == 0
-
-
 def kafka_jars(settings: StackSettings) -> Path:
     """The jar folder for KAFKA_VERSION, fetched with Maven on first use."""
     folder = Path(settings.jar_cache).expanduser() / f"kafka-{KAFKA_VERSION}" / "libs"
     if (folder / f"kafka_2.13-{KAFKA_VERSION}.jar").is_file():
         return folder
     if shutil.which("mvn") is None:
-        raise AdstreamError("kafka jars: Maven (mvn) is not on PATH; install Maven or put the jars in " + str(folder))
+        raise CliError("kafka jars: Maven (mvn) is not on PATH; install Maven or put the jars in " + str(folder))
     tmp = folder.with_name("libs.partial")
     shutil.rmtree(tmp, ignore_errors=True)
     print(f"fetching Kafka {KAFKA_VERSION} jars from Maven Central into {folder} ...", file=sys.stderr)
@@ -80,9 +54,7 @@ def kafka_jars(settings: StackSettings) -> Path:
         text=True,
     )
     if result.returncode != 0:
-        raise AdstreamError(
-            f"kafka jars: mvn failed ({result.returncode}):\n{result.stdout[-2000:]}{result.stderr[-2000:]}"
-        )
+        raise CliError(f"kafka jars: mvn failed ({result.returncode}):\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
     return folder
@@ -91,11 +63,12 @@ def kafka_jars(settings: StackSettings) -> Path:
 def _java() -> str:
     java = shutil.which("java") or (os.environ.get("JAVA_HOME", "") + "/bin/java")
     if not Path(java).is_file():
-        raise AdstreamError("kafka: no `java` on PATH (Java 17+ is needed); install a JDK or set JAVA_HOME")
+        raise CliError("kafka: no `java` on PATH (Java 17+ is needed); install a JDK or set JAVA_HOME")
     return java
 
 
-def _server_properties(settings: StackSettings, data: Path) -> str:
+def _server_properties(settings: StackSettings, kafka: KafkaSettings, data: Path) -> str:
+    """The broker's properties; partitions and message size follow KafkaSettings, as the clients do."""
     return "\n".join(
         [
             "process.roles=broker,controller",
@@ -107,7 +80,7 @@ def _server_properties(settings: StackSettings, data: Path) -> str:
             "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
             "inter.broker.listener.name=PLAINTEXT",
             f"log.dirs={data}",
-            "num.partitions=2",
+            f"num.partitions={kafka.partitions}",
             "offsets.topic.replication.factor=1",
             "offsets.topic.num.partitions=4",
             "transaction.state.log.replication.factor=1",
@@ -116,59 +89,27 @@ def _server_properties(settings: StackSettings, data: Path) -> str:
             "share.coordinator.state.topic.min.isr=1",
             "group.initial.rebalance.delay.ms=0",
             "auto.create.topics.enable=true",
-            "message.max.bytes=8388608",
+            f"message.max.bytes={kafka.max_message_bytes}",
             "log.retention.hours=168",
             "",
         ]
     )
 
 
-def _pid_alive(pid_file: Path) -> int | None:
-    if not pid_file.is_file():
-        return None
-    try:
-        pid = int(pid_file.read_text().strip())
-        os.kill(pid, 0)
-    except (ValueError, ProcessLookupError, PermissionError):
-        return None
-    return pid
-
-
-def _spawn(cmd: list[str], log_file: Path, pid_file: Path, env: dict[str, str] | None = None) -> int:
-    with open(log_file, "ab") as log:
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env
-        )
-    pid_file.write_text(str(proc.pid))
-    return proc.pid
-
-
-def _wait(check, what: str, timeout_s: float, pid_file: Path, log_file: Path) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        if _pid_alive(pid_file) is None:
-            tail = log_file.read_text(errors="replace")[-3000:] if log_file.is_file() else ""
-            raise AdstreamError(f"{what}: the process exited during start; log {log_file}:\n{tail}")
-        time.sleep(0.5)
-    raise AdstreamError(f"{what}: not up after {timeout_s:.0f}s; see {log_file}")
-
-
-def start_kafka(settings: StackSettings) -> None:
+def start_kafka(settings: StackSettings, kafka: KafkaSettings) -> None:
     state = _state(settings)
     pid_file, log_file = state / "kafka.pid", state / "kafka.log"
-    if _pid_alive(pid_file):
+    if pid_alive(pid_file):
         return
     if port_open(settings.kafka_port) or port_open(settings.controller_port):
-        raise AdstreamError(
+        raise CliError(
             f"kafka: port {settings.kafka_port} or {settings.controller_port} is already in use by another process; "
             "stop it or choose other ports (--kafka-port / stack.kafka_port)"
         )
     java, jars = _java(), kafka_jars(settings)
     data = state / "kafka-data"
     config = state / "server.properties"
-    config.write_text(_server_properties(settings, data))
+    config.write_text(_server_properties(settings, kafka, data))
     classpath = f"{jars}/*"
     log_opt = f"-Dlog4j2.configurationFile={LOG4J}"
     if not (data / "meta.properties").is_file():
@@ -196,8 +137,8 @@ def start_kafka(settings: StackSettings) -> None:
             text=True,
         )
         if result.returncode != 0:
-            raise AdstreamError(f"kafka: storage format failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
-    _spawn(
+            raise CliError(f"kafka: storage format failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+    spawn(
         [
             java,
             f"-Xmx{settings.kafka_heap}",
@@ -212,7 +153,7 @@ def start_kafka(settings: StackSettings) -> None:
         log_file,
         pid_file,
     )
-    _wait(lambda: _kafka_ready(settings.bootstrap), "kafka", settings.start_timeout_s, pid_file, log_file)
+    wait_until(lambda: _kafka_ready(settings.bootstrap), "kafka", settings.start_timeout_s, pid_file, log_file)
 
 
 def _kafka_ready(bootstrap: str) -> bool:
@@ -231,10 +172,10 @@ def _kafka_ready(bootstrap: str) -> bool:
 def start_mlflow(settings: StackSettings) -> None:
     state = _state(settings)
     pid_file, log_file = state / "mlflow.pid", state / "mlflow.log"
-    if _pid_alive(pid_file):
+    if pid_alive(pid_file):
         return
     if port_open(settings.mlflow_port):
-        raise AdstreamError(
+        raise CliError(
             f"mlflow: port {settings.mlflow_port} is already in use by another process; "
             "stop it or choose another port (--mlflow-port / stack.mlflow_port)"
         )
@@ -254,8 +195,10 @@ def start_mlflow(settings: StackSettings) -> None:
         "--workers",
         "1",
     ]
-    _spawn(cmd, log_file, pid_file)
-    _wait(lambda: _http_ok(f"{settings.tracking_uri}/health"), "mlflow", settings.start_timeout_s, pid_file, log_file)
+    spawn(cmd, log_file, pid_file)
+    wait_until(
+        lambda: _http_ok(f"{settings.tracking_uri}/health"), "mlflow", settings.start_timeout_s, pid_file, log_file
+    )
 
 
 def _http_ok(url: str) -> bool:
@@ -268,45 +211,28 @@ def _http_ok(url: str) -> bool:
         return False
 
 
-def up(settings: StackSettings) -> None:
-    start_kafka(settings)
+def up(settings: StackSettings, kafka: KafkaSettings) -> None:
+    """Start the broker (topics sized by `kafka`) and MLflow, unless they run already."""
+    start_kafka(settings, kafka)
     start_mlflow(settings)
-
-
-def _stop(pid_file: Path, timeout_s: float = 20.0) -> bool:
-    pid = _pid_alive(pid_file)
-    if pid is None:
-        pid_file.unlink(missing_ok=True)
-        return False
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and _pid_alive(pid_file):
-        time.sleep(0.2)
-    if _pid_alive(pid_file):
-        os.killpg(pid, signal.SIGKILL)
-    pid_file.unlink(missing_ok=True)
-    return True
 
 
 def down(settings: StackSettings) -> list[str]:
     state = _state(settings)
-    return [name for name in ("mlflow", "kafka") if _stop(state / f"{name}.pid")]
+    return [name for name in ("mlflow", "kafka") if stop_pid_file(state / f"{name}.pid")]
 
 
 def status(settings: StackSettings) -> dict[str, dict[str, object]]:
     state = _state(settings)
     return {
         "kafka": {
-            "pid": _pid_alive(state / "kafka.pid"),
+            "pid": pid_alive(state / "kafka.pid"),
             "address": settings.bootstrap,
             "up": port_open(settings.kafka_port),
             "log": str(state / "kafka.log"),
         },
         "mlflow": {
-            "pid": _pid_alive(state / "mlflow.pid"),
+            "pid": pid_alive(state / "mlflow.pid"),
             "address": settings.tracking_uri,
             "up": port_open(settings.mlflow_port),
             "log": str(state / "mlflow.log"),

@@ -26,7 +26,7 @@ import torch
 from rich.progress import Progress
 
 from bench.baseline import BaselineDeepFM
-from stream.featurize import concat_batches, featurize_records, missing_id, split_batch
+from stream.featurize import featurize_records, missing_id
 from stream.records import FeatureBatch, RawRecord
 from stream.replay import criteo_records, synthetic_records
 from stream.schema import Schema
@@ -67,7 +67,7 @@ def real_stream(schema: Schema, criteo_dir: str) -> Stream | None:
         for i, (_, value, reason, _) in enumerate(criteo_records(files, schema, bundle=4096, fmt="arrow"))
         if reason is None
     ]
-    return Stream("criteo-real", concat_batches(parts, schema), None)
+    return Stream("criteo-real", FeatureBatch.concat(parts), None)
 
 
 def synthetic_stream(schema: Schema, events: int, drift: float, seed: int = 7) -> Stream:
@@ -79,7 +79,7 @@ def synthetic_stream(schema: Schema, events: int, drift: float, seed: int = 7) -
         for i, (_, value, _, _) in enumerate(synthetic_records(chunk, schema, bundle=4096, fmt="arrow")):
             parts.append(featurize_records([RawRecord(0, i, value)], schema)[0])
     name = "synthetic" if drift == 0 else f"synthetic-drift{drift:g}"
-    return Stream(name, concat_batches(parts, schema), np.concatenate(truth))
+    return Stream(name, FeatureBatch.concat(parts), np.concatenate(truth))
 
 
 # --- learners: each takes a stream and batch size, returns predictions made before learning ---
@@ -91,7 +91,7 @@ def adstream_learner(schema: Schema, settings: TrainerSettings, freeze_at: int |
         torch.manual_seed(0)
         trainer = Trainer(schema, replace(settings, batch_size=batch_size, snapshot_dir="/tmp/adstream-unused"))
         probs, seen = [], 0
-        for part in split_batch(features, batch_size):
+        for part in features.split(batch_size):
             batch = batch_from_features([part])
             frozen = freeze_at is not None and seen >= freeze_at
             probs.append(trainer.predict(batch) if frozen else trainer.learn(batch).probs)
@@ -108,9 +108,7 @@ def baseline_learner(schema: Schema) -> Learner:
         torch.manual_seed(0)
         config = replace(model_config(schema, TrainerSettings()), kind="deepfm", dense_norm=False)
         baseline = BaselineDeepFM(config, lr=0.001, sparse_lr=0.01)
-        return np.concatenate(
-            [baseline.train_step(batch_from_features([p])) for p in split_batch(features, batch_size)]
-        )
+        return np.concatenate([baseline.train_step(batch_from_features([p])) for p in features.split(batch_size)])
 
     return learn
 
@@ -251,7 +249,7 @@ def run_accuracy_bench(
                 bar.advance(task, len(learners))
                 continue
             # warm-up (lazy imports, allocator, thread pools), so the first model's samples/s is not penalized
-            learners[0][2](split_batch(stream.features, 512)[0], learners[0][1])
+            learners[0][2](stream.features.split(512)[0], learners[0][1])
             for name, batch_size, learn in learners:
                 bar.update(task, description=f"{stream.name}: {name}")
                 started = time.perf_counter()

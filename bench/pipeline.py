@@ -13,24 +13,25 @@ import platform
 import time
 import uuid
 from dataclasses import replace
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from adstream import stack
-from adstream.config import Config
 from bench.baseline import BaselineDeepFM
 from stream.featurize import featurize_records
 from stream.records import RawRecord
 from stream.replay import criteo_events, criteo_records, replay, synthetic_records
 from stream.schema import Schema, load_schema
+from stream.settings import KafkaSettings, StreamSettings
 from stream.synthetic import SyntheticCriteo
 from stream.topics import ensure_topics
 from trainer.batch import Batch, batch_from_features
 from trainer.metrics import ProgressiveMetrics
 from trainer.replica import Trainer
+from trainer.settings import TrainerSettings
 
 REAL_BATCH = 64
 REAL_SETTINGS: dict[str, Any] = {}  # the trainer's defaults (no per-data-set tuning; see bench accuracy)
@@ -40,21 +41,44 @@ def _rate(n: int, seconds: float) -> float:
     return n / seconds if seconds > 0 else 0.0
 
 
-def _faust_rate(config: Config, records: list, n_events: int, log_dir: Path, take_records: int) -> float:
+def _worker_main(kafka: KafkaSettings, settings: StreamSettings, log_file: str) -> None:
+    """The Faust worker in a child process, its output in `log_file`."""
+    import sys
+
+    from stream.app import run_worker
+
+    with open(log_file, "ab") as log:
+        os.dup2(log.fileno(), sys.stdout.fileno())
+        os.dup2(log.fileno(), sys.stderr.fileno())
+    run_worker(kafka, settings)
+
+
+def _stop(worker: BaseProcess) -> None:
+    worker.terminate()  # SIGTERM: Faust shuts down cleanly
+    worker.join(20)
+    if worker.is_alive():
+        worker.kill()
+        worker.join()
+
+
+def _faust_rate(
+    kafka: KafkaSettings, stream: StreamSettings, records: list, n_events: int, log_dir: Path, take_records: int
+) -> float:
     """Pre-fill a fresh events topic, start the Faust worker, time first-to-last batch arrival."""
+    import multiprocessing
+
     from confluent_kafka import Consumer
 
-    from adstream.demo import cli_process, stop_process, write_toml
     from stream.batch_codec import decode_batch
 
     tag = uuid.uuid4().hex[:6]
-    kafka = config.kafka.scoped(f"bench-{tag}")
-    config = replace(
-        config, kafka=kafka, stream=replace(config.stream, app_id=f"bench-{tag}", take_records=take_records)
-    )
+    kafka = kafka.scoped(f"bench-{tag}")
+    stream = replace(stream, app_id=f"bench-{tag}", take_records=take_records)
     ensure_topics(kafka)
     replay(iter(records), kafka, progress=False)
-    worker = cli_process(write_toml(config, log_dir / f"bench-{tag}.toml"), "stream", log=log_dir / f"bench-{tag}.log")
+    log_file = str(log_dir / f"bench-{tag}.log")
+    worker = multiprocessing.get_context("spawn").Process(target=_worker_main, args=(kafka, stream, log_file))
+    worker.start()
     consumer = Consumer(
         {"bootstrap.servers": kafka.bootstrap, "group.id": f"bench-{tag}-check", "auto.offset.reset": "earliest"}
     )
@@ -72,15 +96,15 @@ def _faust_rate(config: Config, records: list, n_events: int, log_dir: Path, tak
                 seen += len(decode_batch(message.value() or b""))
     finally:
         consumer.close()
-        stop_process(worker)
+        _stop(worker)
     if first is None or last is None or seen < n_events:
         return float("nan")
     # the first batch's own events are not inside the timed span
-    return _rate(seen - config.stream.batch_events, last - first)
+    return _rate(seen - stream.batch_events, last - first)
 
 
-def _progressive(schema: Schema, batches: list[Batch], config: Config) -> dict[str, float]:
-    ours = Trainer(schema, replace(config.trainer, snapshot_dir="/tmp/unused"))
+def _progressive(schema: Schema, batches: list[Batch], settings: TrainerSettings) -> dict[str, float]:
+    ours = Trainer(schema, replace(settings, snapshot_dir="/tmp/unused"))
     baseline = BaselineDeepFM(replace(ours.model_config, kind="deepfm", dense_norm=False))
     base_metrics = ProgressiveMetrics()
     for batch in batches:
@@ -119,9 +143,15 @@ def _river_lr(schema: Schema, files: list[Path]) -> dict[str, float] | None:
 
 
 def run_pipeline_bench(
-    config: Config, events: int = 100_000, criteo_dir: str = "../shared/data/criteo"
+    kafka: KafkaSettings,
+    stream: StreamSettings,
+    trainer_settings: TrainerSettings,
+    log_dir: Path,
+    events: int = 100_000,
+    criteo_dir: str = "../shared/data/criteo",
 ) -> dict[str, Any]:
-    schema = load_schema(config.stream.schema)
+    """Every stage's figures on a running broker at `kafka` (the CLI starts the local stack)."""
+    schema = load_schema(stream.schema)
     torch.manual_seed(0)
     result: dict[str, Any] = {
         "cores": os.cpu_count(),
@@ -129,24 +159,22 @@ def run_pipeline_bench(
         "torch": torch.__version__,
         "events": events,
     }
-    stack.up(config.stack)
-    log_dir = Path(config.stack.state_dir).resolve() / "bench-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     generator = SyntheticCriteo(schema)
     synthetic, _ = generator.generate(events)
 
     # replay: pre-encoded records, so the figure is the producer's, not the generator's
     tag = uuid.uuid4().hex[:6]
-    kafka = config.kafka.scoped(f"bench-{tag}")
-    ensure_topics(kafka)
+    scoped = kafka.scoped(f"bench-{tag}")
+    ensure_topics(scoped)
     singles = list(synthetic_records(synthetic, schema))
-    result["replay_events_per_s"] = replay(iter(singles), kafka, progress=False).events_per_s
+    result["replay_events_per_s"] = replay(iter(singles), scoped, progress=False).events_per_s
     bundles = list(synthetic_records(synthetic, schema, bundle=1024, fmt="arrow"))
-    result["replay_bundled_events_per_s"] = replay(iter(bundles), kafka, progress=False).events_per_s
+    result["replay_bundled_events_per_s"] = replay(iter(bundles), scoped, progress=False).events_per_s
     files = sorted(Path(criteo_dir).glob("*.txt"), key=lambda p: (not p.name.startswith("autoint"), p.name))
     if files:  # parse + encode + produce, from the raw TSV
         result["replay_criteo_tsv_events_per_s"] = replay(
-            criteo_records(files, schema), kafka, progress=False
+            criteo_records(files, schema), scoped, progress=False
         ).events_per_s
 
     # featurization, in process (the pure function the agent wraps)
@@ -160,12 +188,12 @@ def run_pipeline_bench(
     feature_batches = [featurize_records([r], schema)[0] for r in arrow_records]
     result["featurize_events_per_s"] = _rate(events, time.perf_counter() - start)
     # ... and through the Faust worker on the broker
-    result["faust_single_events_per_s"] = _faust_rate(config, singles, events, log_dir, take_records=1024)
-    result["faust_bundled_events_per_s"] = _faust_rate(config, bundles, events, log_dir, take_records=4)
+    result["faust_single_events_per_s"] = _faust_rate(kafka, stream, singles, events, log_dir, take_records=1024)
+    result["faust_bundled_events_per_s"] = _faust_rate(kafka, stream, bundles, events, log_dir, take_records=4)
 
     # training: the same batches for adstream's trainer and the baseline
     batches = [batch_from_features([fb]) for fb in feature_batches]
-    trainer = Trainer(schema, replace(config.trainer, snapshot_dir="/tmp/unused"))
+    trainer = Trainer(schema, replace(trainer_settings, snapshot_dir="/tmp/unused"))
     start = time.perf_counter()
     for batch in batches:
         trainer.learn(batch)
@@ -187,7 +215,7 @@ def run_pipeline_bench(
             if reason is None
         ]
         real = [batch_from_features([featurize_records([r], schema)[0]]) for r in records]
-        scores = _progressive(schema, real, replace(config, trainer=replace(config.trainer, **REAL_SETTINGS)))
+        scores = _progressive(schema, real, replace(trainer_settings, **REAL_SETTINGS))
         result.update(
             {
                 "auc_real": scores["auc"],

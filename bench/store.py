@@ -132,12 +132,8 @@ def _time_baseline(n_ids: int, batches: list[np.ndarray], warmup: int) -> tuple[
 
 
 def ram_tier_bytes_per_row(tier: RamTier) -> float:
-    """Measured host bytes per held row: the row tensor and bookkeeping arrays in use, the id->slot
-    index), divided by the rows held."""
-    n = max(len(tier), 1)
-    slots = tier._used  # noqa: SLF001 - measuring the tier's own memory
-    arrays = slots * (tier.width * 4 + 8 + 8 + 8 + 1)
-    return (arrays + tier._slot.nbytes) / n  # noqa: SLF001
+    """Measured bytes per held row (RamTier.memory_bytes: rows, bookkeeping, the id -> slot index)."""
+    return tier.memory_bytes() / max(len(tier), 1)
 
 
 def run_store_bench(

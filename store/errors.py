@@ -1,5 +1,7 @@
 """The one error base class of store/."""
 
+from adstream.errors import AdstreamError
 
-class StoreError(Exception):
+
+class StoreError(AdstreamError):
     """Base class of every error raised by store/: names the tier, the value and the fix."""

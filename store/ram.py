@@ -76,6 +76,13 @@ class RamTier:
     def slots(self, ids: np.ndarray) -> np.ndarray:
         return self._slot.get(ids)
 
+    def memory_bytes(self) -> int:
+        """Host or device bytes this tier holds now: the rows and per-slot bookkeeping of every slot
+        handed out so far (free ones included), plus the id -> slot index."""
+        bookkeeping = (self.slot_ids, self.last_seen, self.freq, self.dirty, self.on_disk)
+        per_slot = self.width * 4 + sum(a.itemsize for a in bookkeeping)
+        return int(self._used * per_slot + self._slot.nbytes)
+
     def contains(self, ids: np.ndarray) -> np.ndarray:
         return self.slots(ids) >= 0
 

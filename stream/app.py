@@ -14,7 +14,7 @@ import faust
 from prometheus_client import Counter, start_http_server
 
 from stream.batch_codec import encode_batch
-from stream.featurize import featurize_records, split_batch
+from stream.featurize import featurize_records
 from stream.records import RawRecord
 from stream.schema import load_schema
 from stream.settings import KafkaSettings, StreamSettings
@@ -65,7 +65,7 @@ def build_app(kafka: KafkaSettings, settings: StreamSettings) -> faust.App:
                 headers = {"reason": bad.reason.encode(), "stage": b"stream", "source": source}
                 await dlq_topic.send(value=bad.value, headers=headers)
             REJECTED.inc(len(rejected))
-            for part in split_batch(batch, settings.batch_events):  # bundles can hold many events
+            for part in batch.split(settings.batch_events):  # bundles can hold many events
                 await batches_topic.send(key=part.event_ids[0].encode(), value=encode_batch(part))
                 EVENTS.inc(len(part))
                 BATCHES.inc()

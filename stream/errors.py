@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from adstream.errors import AdstreamError
 
-class StreamError(Exception):
+
+class StreamError(AdstreamError):
     """Base class of every error raised by stream/."""
 
 

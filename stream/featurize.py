@@ -130,42 +130,6 @@ def featurize(
     )
 
 
-def concat_batches(parts: Sequence[FeatureBatch], schema: Schema) -> FeatureBatch:
-    """One batch from several (all of the same schema)."""
-    if len(parts) == 1:
-        return parts[0]
-    return FeatureBatch(
-        labels=np.concatenate([p.labels for p in parts]),
-        dense=np.concatenate([p.dense for p in parts]).reshape(-1, schema.num_dense),
-        ids=np.concatenate([p.ids for p in parts]).reshape(-1, schema.num_sparse),
-        ts=np.concatenate([p.ts for p in parts]),
-        event_ids=tuple(e for p in parts for e in p.event_ids),
-        partitions=np.concatenate([p.partitions for p in parts]),
-        offsets=np.concatenate([p.offsets for p in parts]),
-        schema_hash=schema.hash,
-    )
-
-
-def split_batch(batch: FeatureBatch, size: int) -> list[FeatureBatch]:
-    """Cut a batch into consecutive batches of at most `size` events (none if it is empty)."""
-    out = []
-    for start in range(0, len(batch), size):
-        end = start + size
-        out.append(
-            FeatureBatch(
-                labels=batch.labels[start:end],
-                dense=batch.dense[start:end],
-                ids=batch.ids[start:end],
-                ts=batch.ts[start:end],
-                event_ids=batch.event_ids[start:end],
-                partitions=batch.partitions[start:end],
-                offsets=batch.offsets[start:end],
-                schema_hash=batch.schema_hash,
-            )
-        )
-    return out
-
-
 def featurize_records(records: Sequence[RawRecord], schema: Schema) -> tuple[FeatureBatch, list[Rejected]]:
     """Kafka records -> one batch of the good events + the rejects (each with a reason).
 
@@ -199,6 +163,8 @@ def featurize_records(records: Sequence[RawRecord], schema: Schema) -> tuple[Fea
             offs.append(record.offset)
         if empty:
             rejected.append(Rejected(record.partition, record.offset, record.value, "record: empty"))
-    if good or not parts:
+    if good:
         parts.insert(0, featurize(good, schema, parts_idx, offs))
-    return concat_batches(parts, schema), rejected
+    if not parts:
+        return FeatureBatch.empty(schema.num_dense, schema.num_sparse, schema.hash), rejected
+    return FeatureBatch.concat(parts), rejected

@@ -61,7 +61,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Config]:
         }
     )
     try:
-        local_stack.up(config.stack)
+        local_stack.up(config.stack, config.kafka)
     except Exception as exc:
         local_stack.down(config.stack)
         pytest.fail(f"the test stack (Kafka + MLflow) did not start: {exc}", pytrace=False)

@@ -2,10 +2,12 @@ import math
 
 import numpy as np
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from stream.decode import event_from_mapping
+from stream.errors import StreamError
 from stream.featurize import (
     FIELD_SHIFT,
     MISSING,
@@ -15,10 +17,9 @@ from stream.featurize import (
     integer_bucket,
     missing_id,
     signed_log1p,
-    split_batch,
     string_id,
 )
-from stream.records import RawRecord
+from stream.records import FeatureBatch, RawRecord
 from stream.schema import schema_from_dict
 from tests.conftest import criteo_event
 
@@ -99,8 +100,22 @@ def test_featurize_records_splits_good_and_bad(schema):
 def test_split_batch_keeps_every_event(schema):
     events = [event_from_mapping(criteo_event(i), schema) for i in range(10)]
     batch = featurize(events, schema, [0] * 10, list(range(10)))
-    parts = split_batch(batch, 4)
+    parts = batch.split(4)
     assert [len(p) for p in parts] == [4, 4, 2]
     assert sum((p.event_ids for p in parts), ()) == batch.event_ids
     np.testing.assert_array_equal(np.concatenate([p.ids for p in parts]), batch.ids)
-    assert split_batch(featurize([], schema), 4) == []
+    assert featurize([], schema).split(4) == []
+
+
+def test_concat_of_the_split_is_the_batch_and_empty_has_the_widths(schema):
+    events = [event_from_mapping(criteo_event(i), schema) for i in range(7)]
+    batch = featurize(events, schema, [1] * 7, list(range(7)))
+    again = FeatureBatch.concat(batch.split(3))
+    for name in ("labels", "dense", "ids", "ts", "partitions", "offsets"):
+        np.testing.assert_array_equal(getattr(again, name), getattr(batch, name))
+    assert again.event_ids == batch.event_ids and again.schema_hash == batch.schema_hash
+    empty = FeatureBatch.empty(schema.num_dense, schema.num_sparse, schema.hash)
+    assert len(empty) == 0 and empty.ids.shape == (0, schema.num_sparse) and empty.dense.shape == (0, schema.num_dense)
+    assert len(FeatureBatch.concat([empty, batch])) == 7
+    with pytest.raises(StreamError, match="schemas"):
+        FeatureBatch.concat([batch, FeatureBatch.empty(1, 1, "other")])

@@ -191,3 +191,12 @@ def test_vectors_only_table_looks_up_as_the_training_table(min_count):
         served.update(b, torch.zeros(len(b.unique_ids), dim), 1)
     with pytest.raises(StoreError, match="tier width"):
         EmbeddingTable(RamTier(2 * dim, 1 << 20), config)
+
+
+def test_ram_tier_reports_its_memory():
+    tier = ram_tier()
+    empty = tier.memory_bytes()
+    tier.write(np.arange(100, dtype=np.int64), torch.zeros(100, WIDTH))
+    grown = tier.memory_bytes()
+    assert grown - empty >= 100 * WIDTH * 4  # at least the rows themselves
+    assert grown < 100 * tier.row_bytes * 4  # and not wildly more than the budgeted figure

@@ -1,7 +1,9 @@
 """The one error base class of trainer/."""
 
+from adstream.errors import AdstreamError
 
-class TrainerError(Exception):
+
+class TrainerError(AdstreamError):
     """Base class of every error raised by trainer/: names the place, the value and the fix."""
 
 

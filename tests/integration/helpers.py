@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from adstream.config import Config
-from adstream.demo import cli_process, stop_process, write_toml
+from adstream.processes import cli_process, stop_process, write_toml
 from trainer.group import free_port
 
 
