@@ -17,27 +17,6 @@ from adstream import stack as local_stack
 from adstream.config import Config, build_config
 from stream.schema import Schema, load_schema
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def shared_dir() -> Path:
-    """The read-only shared data: $ADSTREAM_SHARED, else ../shared beside the clone, else /work/shared."""
-    for candidate in (os.environ.get("ADSTREAM_SHARED"), ROOT.parent / "shared", "/work/shared"):
-        if candidate and Path(candidate).is_dir():
-            return Path(candidate)
-    return ROOT.parent / "shared"
-
-
-def needs_shared(present: bool, what: str) -> pytest.MarkDecorator:
-    """Skip a test on a machine without the shared data, except under CI=true, where it runs and fails."""
-    return pytest.mark.skipif(not present and os.environ.get("CI") != "true", reason=f"{what} is not on this machine")
-
-
-CRITEO_DIR = Path(os.environ.get("ADSTREAM_CRITEO_DIR", shared_dir() / "data" / "criteo"))
-CRITEO_FILES = sorted(CRITEO_DIR.glob("*.txt")) if CRITEO_DIR.is_dir() else []
-# real Criteo rows in time order: the 10k contiguous file first
-CRITEO_FILES.sort(key=lambda p: (not p.name.startswith("autoint"), p.name))
-
 
 @pytest.fixture(scope="session")
 def schema() -> Schema:
@@ -88,15 +67,6 @@ def isolated(stack: Config, tmp_path: Path) -> Config:
         mlflow=replace(stack.mlflow, experiment=f"test-{tag}", model_name=f"test-model-{tag}"),
         serving=replace(stack.serving, cache_dir=str(tmp_path / "serving"), poll_s=0.5),
     )
-
-
-def criteo_event(i: int = 0, **overrides: object) -> dict[str, object]:
-    """A valid Criteo-shaped event dict."""
-    event: dict[str, object] = {"event_id": f"e{i}", "ts": 1_700_000_000_000 + i, "label": i % 2}
-    event.update({f"I{k}": (k * 7 + i) % 50 - 1 for k in range(1, 14)})
-    event.update({f"C{k}": f"{(k * 2654435761 + i) & 0xFFFFFFFF:08x}" for k in range(1, 27)})
-    event.update(overrides)
-    return event
 
 
 @pytest.fixture

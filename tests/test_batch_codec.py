@@ -6,27 +6,13 @@ from hypothesis import strategies as st
 
 from stream.batch_codec import decode_batch, encode_batch
 from stream.errors import BatchCodecError
-from stream.records import FeatureBatch
-
-
-def make_batch(n: int, seed: int = 0) -> FeatureBatch:
-    rng = np.random.default_rng(seed)
-    return FeatureBatch(
-        labels=rng.integers(0, 2, n).astype(np.float32),
-        dense=rng.normal(size=(n, 13)).astype(np.float32),
-        ids=rng.integers(0, 2**63 - 1, size=(n, 39), dtype=np.int64),
-        ts=rng.integers(0, 2**40, n),
-        event_ids=tuple(f"ev-{i}" for i in range(n)),
-        partitions=rng.integers(0, 4, n).astype(np.int32),
-        offsets=rng.integers(0, 2**40, n),
-        schema_hash="abc123",
-    )
+from tests.helpers import random_feature_batch
 
 
 @settings(max_examples=25, deadline=None)
 @given(st.integers(0, 300), st.integers(0, 10_000))
 def test_round_trip(n, seed):
-    batch = make_batch(n, seed)
+    batch = random_feature_batch(n, seed)
     back = decode_batch(encode_batch(batch))
     assert len(back) == n and back.schema_hash == "abc123"
     for name in ("labels", "dense", "ids", "ts", "partitions", "offsets"):
@@ -36,7 +22,7 @@ def test_round_trip(n, seed):
 
 
 def test_1024_criteo_events_fit_under_one_megabyte():
-    assert len(encode_batch(make_batch(1024))) < 1 << 20
+    assert len(encode_batch(random_feature_batch(1024))) < 1 << 20
 
 
 def test_garbage_and_foreign_batches_are_refused():

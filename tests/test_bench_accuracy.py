@@ -3,7 +3,7 @@ except that the truth is the ceiling it should be and that freezing a model stop
 
 from bench.accuracy import run_accuracy_bench
 from stream.schema import load_schema
-from tests.conftest import CRITEO_DIR, CRITEO_FILES, needs_shared
+from tests.helpers import CRITEO_DIR, CRITEO_FILES, needs_shared
 from trainer.settings import TrainerSettings
 
 

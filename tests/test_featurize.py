@@ -21,7 +21,7 @@ from stream.featurize import (
 )
 from stream.records import FeatureBatch, RawRecord
 from stream.schema import schema_from_dict
-from tests.conftest import criteo_event
+from tests.helpers import criteo_event
 
 
 def test_hex_ids_are_field_and_value(schema):

@@ -16,8 +16,7 @@ from store.hierarchy import HierarchyConfig, TieredStore
 from store.ram import RamTier
 from store.sparse_optim import SparseOptimConfig
 from store.table import EmbeddingTable, TableConfig
-from tests.test_store import tiny_hierarchy
-from trainer.batch import Batch
+from tests.helpers import tiny_hierarchy, zipf_batches
 from trainer.model import CtrModel, ModelConfig
 from trainer.step import train_step
 
@@ -119,21 +118,6 @@ def test_admission_needs_min_count_sightings_and_trains_the_fields_shared_row():
     assert sorted(table.tier.all_ids().tolist()) == [5, 1000, 2000] and table.stats()["admissions"] == 1
 
 
-def _batches(n_batches: int, seed: int = 0) -> list[Batch]:
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(n_batches):
-        ids = (rng.zipf(1.3, size=(32, 5)) % 400 + (np.arange(5) << 33)[None, :]).astype(np.int64)
-        out.append(
-            Batch(
-                torch.from_numpy(rng.integers(0, 2, 32).astype(np.float32)),
-                torch.from_numpy(rng.normal(size=(32, 3)).astype(np.float32)),
-                ids,
-            )
-        )
-    return out
-
-
 def _train(tier, batches):
     config = ModelConfig(num_fields=5, num_dense=3, embed_dim=3, hidden=(8,), seed=1)
     table = EmbeddingTable(tier, TableConfig(dim=config.row_dim, seed=2, optim=SparseOptimConfig("adam", lr=0.05)))
@@ -145,7 +129,7 @@ def _train(tier, batches):
 
 
 def test_tiny_budgets_train_the_same_model_as_one_unbounded_tier(tmp_path):
-    batches = _batches(40)
+    batches = zipf_batches(40)
     reference_model, reference = _train(RamTier(12, 1 << 26), batches)
     tiered_model, tiered = _train(tiny_hierarchy(tmp_path / "h", width=12, device_rows=160, ram_rows=40), batches)
     assert tiered.tier.stats()["device_evictions"] > 0 and tiered.tier.stats()["writebacks"] > 0
@@ -160,15 +144,13 @@ def test_tiny_budgets_train_the_same_model_as_one_unbounded_tier(tmp_path):
 CHILD = """
 import sys, numpy as np, torch
 sys.path.insert(0, {root!r})
-from tests.test_hierarchy import _batches
-from tests.test_store import tiny_hierarchy
-from store.sparse_optim import SparseOptimConfig
+from tests.helpers import tiny_hierarchy, zipf_batches
 from store.sparse_optim import SparseOptimConfig
 from store.table import EmbeddingTable, TableConfig
 store = tiny_hierarchy({path!r}, width=12, device_rows=160, ram_rows=40)
 table = EmbeddingTable(store, TableConfig(dim=4, seed=2, optim=SparseOptimConfig("adam", lr=0.05)))
 rng = np.random.default_rng(1)
-for step, batch in enumerate(_batches(100000), start=1):
+for step, batch in enumerate(zipf_batches(100000), start=1):
     lookup = table.lookup(batch.ids)
     table.update(lookup, torch.from_numpy(rng.normal(size=tuple(lookup.vectors.shape)).astype(np.float32)), step)
     if step % 5 == 0:
@@ -180,7 +162,7 @@ def _replay_to(step: int, path) -> dict[int, np.ndarray]:
     store = tiny_hierarchy(path, width=12, device_rows=160, ram_rows=40)
     table = EmbeddingTable(store, TableConfig(dim=4, seed=2, optim=SparseOptimConfig("adam", lr=0.05)))
     rng = np.random.default_rng(1)
-    for s, batch in enumerate(_batches(step), start=1):
+    for s, batch in enumerate(zipf_batches(step), start=1):
         lookup = table.lookup(batch.ids)
         table.update(lookup, torch.from_numpy(rng.normal(size=tuple(lookup.vectors.shape)).astype(np.float32)), s)
     ids, rows = table.export()
@@ -224,7 +206,7 @@ def test_trainer_on_the_hierarchy_snapshots_and_serves_the_same_predictions(sche
     from serving.predict import predict_events
     from stream.decode import event_from_mapping
     from stream.featurize import featurize
-    from tests.conftest import criteo_event
+    from tests.helpers import criteo_event
     from trainer.batch import batch_from_features
     from trainer.replica import Trainer
     from trainer.settings import TrainerSettings

@@ -20,7 +20,7 @@ from stream.decode import decode_event
 from stream.featurize import featurize
 from stream.schema import load_schema
 from stream.synthetic import SyntheticCriteo
-from tests.test_store import TIERS
+from tests.helpers import TIERS
 from trainer.batch import batch_from_features
 from trainer.metrics import calibration_summary, calibration_sums, ece
 from trainer.model import MODEL_KINDS, OnlineNorm
@@ -81,7 +81,7 @@ def test_cowclip_bounds_each_ids_gradient_by_its_count_and_norm():
 @pytest.mark.parametrize("tier_name", sorted(TIERS))
 @pytest.mark.parametrize("name", ["adagrad", "ftrl"])
 def test_optimizer_state_travels_with_the_row_through_every_tier(tmp_path, tier_name, name):
-    from tests.test_store import WIDTH
+    from tests.helpers import WIDTH
 
     cfg = TableConfig(dim=WIDTH // 3, seed=3, optim=SparseOptimConfig(name=name, lr=0.1))
     reference = EmbeddingTable(RamTier(WIDTH, 1 << 24), cfg)

@@ -4,7 +4,7 @@ import torch
 from store.ram import RamTier
 from store.sparse_optim import SparseOptimConfig
 from store.table import EmbeddingTable, TableConfig
-from tests.test_batch_codec import make_batch
+from tests.helpers import random_feature_batch
 from trainer.batch import Batch, batch_from_features
 from trainer.metrics import ProgressiveMetrics, auc_exact, logloss
 from trainer.model import CtrModel, ModelConfig
@@ -21,7 +21,7 @@ def small(seed: int = 0):
 
 
 def fixed_batch(n: int = 64) -> Batch:
-    fb = make_batch(n, seed=1)
+    fb = random_feature_batch(n, seed=1)
     rng = np.random.default_rng(2)
     ids = rng.integers(0, 50, size=fb.ids.shape) + (np.arange(39) << 33)[None, :]
     return Batch(torch.from_numpy(fb.labels), torch.from_numpy(fb.dense), ids.astype(np.int64))
@@ -58,7 +58,7 @@ def test_train_step_scores_before_learning_and_learns():
 
 
 def test_batch_from_features_concatenates_and_keeps_offsets():
-    a, b = make_batch(3, 1), make_batch(5, 2)
+    a, b = random_feature_batch(3, 1), random_feature_batch(5, 2)
     batch = batch_from_features([a, b], {0: 7, 1: 3})
     assert len(batch) == 8 and batch.parts == 2 and batch.source_offsets == {0: 7, 1: 3}
     assert batch.ids.shape == (8, 39) and batch.event_ids == a.event_ids + b.event_ids

@@ -4,7 +4,7 @@ import pytest
 
 from stream.decode import event_from_mapping
 from stream.replay import criteo_file_lines, criteo_records, parse_criteo_line
-from tests.conftest import CRITEO_FILES, needs_shared
+from tests.helpers import CRITEO_FILES, needs_shared
 
 LINE = "1\t5\t\t-1\t" + "\t".join(["2"] * 10) + "\t" + "\t".join(["68fd1e64"] * 25) + "\t"
 

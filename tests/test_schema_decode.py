@@ -4,7 +4,7 @@ import pytest
 from stream.decode import decode_event, event_from_mapping, split_bundle
 from stream.errors import DecodeError, SchemaError
 from stream.schema import load_schema, schema_from_dict
-from tests.conftest import criteo_event
+from tests.helpers import criteo_event
 
 
 def test_valid_event_decodes_every_field(schema):

@@ -11,8 +11,7 @@ from serving.loader import load_served_model
 from serving.predict import predict_events
 from serving.settings import ServingSettings
 from stream.decode import event_from_mapping
-from tests.conftest import criteo_event
-from tests.test_snapshot import trained
+from tests.helpers import criteo_event, trained_trainer
 
 
 def unlabelled(i: int, **changes: object) -> dict[str, object]:
@@ -23,9 +22,9 @@ def unlabelled(i: int, **changes: object) -> dict[str, object]:
 
 @pytest.fixture
 def snapshots(schema, tmp_path):
-    trainer = trained(schema, 2)
+    trainer = trained_trainer(schema, 2)
     first = trainer.save(tmp_path / "a")
-    second = trained(schema, 4).save(tmp_path / "b")
+    second = trained_trainer(schema, 4).save(tmp_path / "b")
     return [load_served_model(first, "1", schema), load_served_model(second, "2", schema)]
 
 

@@ -11,25 +11,16 @@ from store.ram import RamTier
 from store.table import EmbeddingTable
 from stream.decode import event_from_mapping
 from stream.featurize import featurize
-from tests.conftest import criteo_event
+from tests.helpers import criteo_event, trained_trainer
 from trainer.batch import batch_from_features
 from trainer.errors import SnapshotError
-from trainer.replica import Trainer, make_optimizer
-from trainer.settings import TrainerSettings
+from trainer.replica import make_optimizer
 from trainer.snapshot import load_optimizer_state, load_snapshot, read_manifest
 from trainer.step import predict
 
 
-def trained(schema, steps: int = 5) -> Trainer:
-    trainer = Trainer(schema, TrainerSettings(embed_dim=4, hidden=(16,), ram_bytes=1 << 26))
-    for s in range(steps):
-        events = [event_from_mapping(criteo_event(s * 50 + i), schema) for i in range(50)]
-        trainer.learn(batch_from_features([featurize(events, schema)], {0: s + 1}))
-    return trainer
-
-
 def test_round_trip_restores_the_same_predictions(schema, tmp_path):
-    trainer = trained(schema)
+    trainer = trained_trainer(schema)
     path = trainer.save(tmp_path)
     assert sorted(p.name for p in path.iterdir()) == [
         "dense.safetensors",
@@ -58,7 +49,7 @@ def test_round_trip_restores_the_same_predictions(schema, tmp_path):
 
 
 def test_incomplete_or_foreign_snapshots_are_refused(schema, tmp_path):
-    path = trained(schema, 1).save(tmp_path)
+    path = trained_trainer(schema, 1).save(tmp_path)
     manifest = json.loads((path / "manifest.json").read_text())
     (path / "manifest.json").unlink()
     with pytest.raises(SnapshotError, match="incomplete"):
@@ -72,6 +63,6 @@ def test_incomplete_or_foreign_snapshots_are_refused(schema, tmp_path):
 
 
 def test_no_pickle_anywhere(schema, tmp_path):
-    path = trained(schema, 1).save(tmp_path)
+    path = trained_trainer(schema, 1).save(tmp_path)
     for file in path.iterdir():
         assert not file.read_bytes().startswith(b"\x80")  # pickle protocol header

@@ -6,39 +6,12 @@ import torch
 
 from store.errors import StoreError
 from store.frozen import FrozenTier
-from store.hierarchy import HierarchyConfig, TieredStore
 from store.init import initial_vectors
 from store.ram import RamTier
-from store.rocks import RocksTier
 from store.sparse_optim import SparseOptimConfig
 from store.table import EmbeddingTable, TableConfig
 from store.tier import Tier
-
-WIDTH = 6
-
-
-def ram_tier(capacity_bytes: int = 1 << 24) -> RamTier:
-    return RamTier(WIDTH, capacity_bytes, initial_rows=4)
-
-
-def tiny_hierarchy(path, width: int = WIDTH, device_rows: int = 16, ram_rows: int = 32, **kw) -> TieredStore:
-    row = RamTier(width, 1).row_bytes
-    return TieredStore(
-        width,
-        HierarchyConfig(
-            device_bytes=device_rows * row, ram_bytes=ram_rows * row, disk_bytes=1 << 30, path=str(path), **kw
-        ),
-    )
-
-
-# every Tier implementation joins this contract suite
-TIERS = {
-    "ram": lambda tmp: ram_tier(),
-    "device": lambda tmp: RamTier(WIDTH, 200 * RamTier(WIDTH, 1).row_bytes, preallocate=True),
-    "rocksdb": lambda tmp: RocksTier(tmp / "rocks", WIDTH, 1 << 30),
-    "hierarchy": lambda tmp: tiny_hierarchy(tmp / "tiered"),
-    "hierarchy-lfu": lambda tmp: tiny_hierarchy(tmp / "tiered", device_rows=12, ram_rows=8, policy="lfu"),
-}
+from tests.helpers import TIERS, WIDTH, ram_tier
 
 
 @pytest.fixture(params=sorted(TIERS))

@@ -8,7 +8,7 @@ import pytest
 from store.errors import StoreError
 from store.placement import make_plan, pin_to, shard_of
 from store.topology import cpu_only_topology, parse_cpu_list, parse_topo_matrix
-from tests.conftest import needs_shared, shared_dir
+from tests.helpers import needs_shared, shared_dir
 
 TOPOLOGY_DIR = shared_dir() / "data" / "topology"
 MATRICES = sorted(TOPOLOGY_DIR.glob("*.txt")) if TOPOLOGY_DIR.is_dir() else []

@@ -18,7 +18,7 @@ from stream.replay import criteo_records, replay, synthetic_records
 from stream.schema import load_schema
 from stream.synthetic import SyntheticCriteo
 from stream.topics import ensure_topics
-from tests.conftest import CRITEO_FILES, ROOT, needs_shared
+from tests.helpers import CRITEO_FILES, ROOT, needs_shared
 from tests.integration.helpers import free_port, start_cli, stop_process
 from trainer.batch import batch_from_features
 from trainer.loop import run_training

@@ -1,0 +1,114 @@
+"""Helpers shared by the test files (data, tiny stores, a trained replica). Fixtures live in conftest.py."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from store.hierarchy import HierarchyConfig, TieredStore
+from store.ram import RamTier
+from store.rocks import RocksTier
+from stream.decode import event_from_mapping
+from stream.featurize import featurize
+from stream.records import FeatureBatch
+from trainer.batch import Batch, batch_from_features
+from trainer.replica import Trainer
+from trainer.settings import TrainerSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def shared_dir() -> Path:
+    """The read-only shared data: $ADSTREAM_SHARED, else ../shared beside the clone, else /work/shared."""
+    for candidate in (os.environ.get("ADSTREAM_SHARED"), ROOT.parent / "shared", "/work/shared"):
+        if candidate and Path(candidate).is_dir():
+            return Path(candidate)
+    return ROOT.parent / "shared"
+
+
+def needs_shared(present: bool, what: str) -> pytest.MarkDecorator:
+    """Skip a test on a machine without the shared data, except under CI=true, where it runs and fails."""
+    return pytest.mark.skipif(not present and os.environ.get("CI") != "true", reason=f"{what} is not on this machine")
+
+
+CRITEO_DIR = Path(os.environ.get("ADSTREAM_CRITEO_DIR", shared_dir() / "data" / "criteo"))
+CRITEO_FILES = sorted(CRITEO_DIR.glob("*.txt")) if CRITEO_DIR.is_dir() else []
+# real Criteo rows in time order: the 10k contiguous file first
+CRITEO_FILES.sort(key=lambda p: (not p.name.startswith("autoint"), p.name))
+
+
+def criteo_event(i: int = 0, **overrides: object) -> dict[str, object]:
+    """A valid Criteo-shaped event dict."""
+    event: dict[str, object] = {"event_id": f"e{i}", "ts": 1_700_000_000_000 + i, "label": i % 2}
+    event.update({f"I{k}": (k * 7 + i) % 50 - 1 for k in range(1, 14)})
+    event.update({f"C{k}": f"{(k * 2654435761 + i) & 0xFFFFFFFF:08x}" for k in range(1, 27)})
+    event.update(overrides)
+    return event
+
+
+def random_feature_batch(n: int, seed: int = 0) -> FeatureBatch:
+    rng = np.random.default_rng(seed)
+    return FeatureBatch(
+        labels=rng.integers(0, 2, n).astype(np.float32),
+        dense=rng.normal(size=(n, 13)).astype(np.float32),
+        ids=rng.integers(0, 2**63 - 1, size=(n, 39), dtype=np.int64),
+        ts=rng.integers(0, 2**40, n),
+        event_ids=tuple(f"ev-{i}" for i in range(n)),
+        partitions=rng.integers(0, 4, n).astype(np.int32),
+        offsets=rng.integers(0, 2**40, n),
+        schema_hash="abc123",
+    )
+
+
+WIDTH = 6
+
+
+def ram_tier(capacity_bytes: int = 1 << 24) -> RamTier:
+    return RamTier(WIDTH, capacity_bytes, initial_rows=4)
+
+
+def tiny_hierarchy(path, width: int = WIDTH, device_rows: int = 16, ram_rows: int = 32, **kw) -> TieredStore:
+    row = RamTier(width, 1).row_bytes
+    return TieredStore(
+        width,
+        HierarchyConfig(
+            device_bytes=device_rows * row, ram_bytes=ram_rows * row, disk_bytes=1 << 30, path=str(path), **kw
+        ),
+    )
+
+
+# every Tier implementation joins this contract suite
+TIERS = {
+    "ram": lambda tmp: ram_tier(),
+    "device": lambda tmp: RamTier(WIDTH, 200 * RamTier(WIDTH, 1).row_bytes, preallocate=True),
+    "rocksdb": lambda tmp: RocksTier(tmp / "rocks", WIDTH, 1 << 30),
+    "hierarchy": lambda tmp: tiny_hierarchy(tmp / "tiered"),
+    "hierarchy-lfu": lambda tmp: tiny_hierarchy(tmp / "tiered", device_rows=12, ram_rows=8, policy="lfu"),
+}
+
+
+def zipf_batches(n_batches: int, seed: int = 0) -> list[Batch]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n_batches):
+        ids = (rng.zipf(1.3, size=(32, 5)) % 400 + (np.arange(5) << 33)[None, :]).astype(np.int64)
+        out.append(
+            Batch(
+                torch.from_numpy(rng.integers(0, 2, 32).astype(np.float32)),
+                torch.from_numpy(rng.normal(size=(32, 3)).astype(np.float32)),
+                ids,
+            )
+        )
+    return out
+
+
+def trained_trainer(schema, steps: int = 5) -> Trainer:
+    trainer = Trainer(schema, TrainerSettings(embed_dim=4, hidden=(16,), ram_bytes=1 << 26))
+    for s in range(steps):
+        events = [event_from_mapping(criteo_event(s * 50 + i), schema) for i in range(50)]
+        trainer.learn(batch_from_features([featurize(events, schema)], {0: s + 1}))
+    return trainer
