@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from serving.errors import ServingError
+from trainer.snapshot import MANIFEST, is_complete
 
 
 @dataclass(frozen=True)
@@ -42,14 +43,14 @@ def download(tracking_uri: str, ref: VersionRef, cache_dir: str | Path) -> Path:
     import mlflow
 
     target = Path(cache_dir) / ref.name / ref.version
-    if (target / "manifest.json").is_file():
+    if is_complete(target):
         return target
     target.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(tracking_uri)
     local = mlflow.artifacts.download_artifacts(artifact_uri=ref.source, dst_path=str(target))
     path = Path(local)
-    if not (path / "manifest.json").is_file():
-        raise ServingError(f"version {ref.version} of {ref.name}: no manifest.json under {ref.source}")
+    if not is_complete(path):
+        raise ServingError(f"version {ref.version} of {ref.name}: no {MANIFEST} under {ref.source}")
     if path != target:
         for item in path.iterdir():
             item.rename(target / item.name)

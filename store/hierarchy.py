@@ -28,6 +28,8 @@ from store.errors import StoreError
 from store.ram import RamTier
 from store.rocks import RocksTier
 
+CHECKPOINT_MANIFEST = "manifest.json"  # written last: a checkpoint folder without it is incomplete
+
 
 @dataclass(frozen=True)
 class HierarchyConfig:
@@ -261,7 +263,7 @@ class TieredStore:
             "counters": dict(self.counters),
             **(extra or {}),
         }
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+        (tmp / CHECKPOINT_MANIFEST).write_text(json.dumps(manifest, indent=2))
         fd = os.open(tmp, os.O_RDONLY)
         os.fsync(fd)
         os.close(fd)
@@ -274,9 +276,9 @@ class TieredStore:
     def restore(cls, checkpoint: str | Path, config: HierarchyConfig) -> TieredStore:
         """A store whose RocksDB is a copy of the checkpoint's (at config.path) and whose caches are empty."""
         checkpoint = Path(checkpoint)
-        manifest_file = checkpoint / "manifest.json"
+        manifest_file = checkpoint / CHECKPOINT_MANIFEST
         if not manifest_file.is_file():
-            raise StoreError(f"restore: {checkpoint} has no manifest.json; it is not a complete checkpoint")
+            raise StoreError(f"restore: {checkpoint} has no {CHECKPOINT_MANIFEST}; it is not a complete checkpoint")
         manifest = json.loads(manifest_file.read_text())
         shutil.rmtree(config.path, ignore_errors=True)
         shutil.copytree(checkpoint / "rocksdb", config.path)

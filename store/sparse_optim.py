@@ -109,12 +109,27 @@ def _adam(row: Block, g: Tensor, lr: Tensor, step: int, cfg: SparseOptimConfig) 
 _RULES = {"sgd": _sgd, "adagrad": _adagrad, "ftrl": _ftrl, "adam": _adam}
 
 
+# --- the row layout, spelled here only -----------------------------------------------------
+def row_width(dim: int) -> int:
+    """Floats per stored row: [vector (dim) | state_a (dim) | state_b (dim)]."""
+    return 3 * dim
+
+
+def split_rows(rows: torch.Tensor, dim: int) -> Block:
+    """rows (u, 3*dim) -> (vector, state_a, state_b), each (u, dim) (views)."""
+    return rows[:, :dim], rows[:, dim : 2 * dim], rows[:, 2 * dim :]
+
+
+def join_rows(vector: torch.Tensor, state_a: torch.Tensor, state_b: torch.Tensor) -> torch.Tensor:
+    """The inverse of split_rows: (u, dim) x 3 -> (u, 3*dim)."""
+    return torch.cat([vector, state_a, state_b], dim=1)
+
+
 def sparse_step(rows: torch.Tensor, grad: torch.Tensor, step: int, cfg: SparseOptimConfig) -> torch.Tensor:
     """One update of rows (u, 3*dim) with grad (u, dim) at global step `step` (1-based). Pure."""
     d = grad.shape[1]
-    w, a, b = rows[:, :d], rows[:, d : 2 * d], rows[:, 2 * d :]
+    w, a, b = split_rows(rows, d)
     lr = column_lr(cfg, d, rows.device)
     if cfg.l2 > 0 and cfg.name != "ftrl":  # FTRL takes its L2 in its closed form
         grad = grad + cfg.l2 * w
-    w, a, b = _RULES[cfg.name]((w, a, b), grad, lr, step, cfg)
-    return torch.cat([w, a, b], dim=1)
+    return join_rows(*_RULES[cfg.name]((w, a, b), grad, lr, step, cfg))

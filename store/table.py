@@ -27,7 +27,7 @@ import torch
 from store.admission import AdmissionSketch
 from store.errors import StoreError
 from store.init import initial_vectors
-from store.sparse_optim import SparseOptimConfig, cowclip, sparse_step
+from store.sparse_optim import SparseOptimConfig, cowclip, row_width, sparse_step
 from store.tier import Tier
 
 
@@ -85,16 +85,16 @@ def unseen_vectors(
 
 class EmbeddingTable:
     def __init__(self, tier: Tier, config: TableConfig, shared_ids: np.ndarray | None = None) -> None:
-        if tier.width not in (config.dim, 3 * config.dim):
+        if tier.width not in (config.dim, row_width(config.dim)):
             raise StoreError(
-                f"EmbeddingTable: tier width {tier.width}; use 3 * dim ({3 * config.dim}) to train, "
+                f"EmbeddingTable: tier width {tier.width}; use 3 * dim ({row_width(config.dim)}) to train, "
                 f"or dim ({config.dim}) for vectors only (lookups, as serving does)"
             )
         if config.min_count > 1 and shared_ids is None:
             raise StoreError("EmbeddingTable: min_count > 1 needs shared_ids (one shared row id per field)")
         self.tier = tier
         self.config = config
-        self.trainable = tier.width == 3 * config.dim  # False: vectors only, no optimizer state
+        self.trainable = tier.width == row_width(config.dim)  # False: vectors only, no optimizer state
         self.shared_ids = None if shared_ids is None else np.asarray(shared_ids, dtype=np.int64)
         admitting = config.min_count > 1 and self.trainable
         self.sketch = AdmissionSketch(config.admission_bytes, config.seed) if admitting else None

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from trainer.errors import TrainerError
 from trainer.settings import MlflowSettings
+from trainer.snapshot import snapshot_name
 
 log = logging.getLogger("adstream.trainer")
 
@@ -62,7 +63,7 @@ class Publisher:
 
     def publish_snapshot(self, folder: Path, step: int) -> str:
         """Upload a snapshot folder, register it as a version, point the alias at it. Returns the version."""
-        artifact_path = f"snapshots/step-{step:09d}"
+        artifact_path = f"snapshots/{snapshot_name(step)}"
         self.client.log_artifacts(self.run_id, str(folder), artifact_path)
         name = self.settings.model_name
         if not self._model_exists(name):

@@ -19,7 +19,7 @@ from prometheus_client import Counter
 
 from store.hierarchy import HierarchyConfig, TieredStore
 from store.ram import RamTier
-from store.sparse_optim import SparseOptimConfig
+from store.sparse_optim import SparseOptimConfig, row_width
 from store.table import EmbeddingTable, TableConfig
 from store.tier import Tier
 from stream.featurize import shared_ids
@@ -41,7 +41,7 @@ from trainer.metrics import ProgressiveMetrics
 from trainer.model import CtrModel, ModelConfig
 from trainer.optim import wide_deep_optimizer
 from trainer.settings import TrainerSettings
-from trainer.snapshot import Manifest, load_optimizer_state, load_snapshot, save_snapshot
+from trainer.snapshot import Manifest, load_optimizer_state, load_snapshot, save_snapshot, snapshot_name
 from trainer.step import StepResult, backward, predict, train_step
 
 STEPS = Counter("adstream_trainer_steps_total", "train steps")
@@ -133,7 +133,7 @@ class Trainer:
         self.model = CtrModel(self.model_config).to(self.device)
         self.optimizer = make_optimizer(self.model, settings)
         self.table_config = table_config(self.model_config, settings)
-        tier = make_tier(settings, 3 * self.table_config.dim, self.rank)
+        tier = make_tier(settings, row_width(self.table_config.dim), self.rank)
         self.table = EmbeddingTable(tier, self.table_config, shared_ids(schema))
         self.metrics = ProgressiveMetrics(window=settings.metrics_window)
         self.step = 0
@@ -248,7 +248,7 @@ class Trainer:
         """Write a snapshot under root/step-NNNNNNNNN (see snapshot.py); offsets and events default
         to this replica's (a group passes every replica's offsets and the job's total events)."""
         return save_snapshot(
-            Path(root) / f"step-{self.step:09d}",
+            Path(root) / snapshot_name(self.step),
             self.manifest(offsets, extra, events),
             self.model,
             self.table,

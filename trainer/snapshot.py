@@ -23,13 +23,29 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from store.sparse_optim import join_rows, split_rows
 from store.table import EmbeddingTable, TableConfig
 from trainer.errors import SnapshotError
 from trainer.model import CtrModel, ModelConfig
 
+# the format's names, spelled here only
 FORMAT = "adstream-snapshot/1"
 MANIFEST = "manifest.json"
+DENSE = "dense.safetensors"
+OPTIMIZER = "optimizer.safetensors"
+EMBEDDINGS = "embeddings.safetensors"
 ADMISSION = "admission.safetensors"
+FOLDER_PREFIX = "step-"
+
+
+def snapshot_name(step: int) -> str:
+    """The folder (and MLflow artifact path) name of the snapshot at `step`; sorts by step."""
+    return f"{FOLDER_PREFIX}{step:09d}"
+
+
+def is_complete(path: str | Path) -> bool:
+    """A snapshot folder is complete once its manifest exists (it is written last)."""
+    return (Path(path) / MANIFEST).is_file()
 
 
 @dataclass(frozen=True)
@@ -63,19 +79,19 @@ def save_snapshot(
 ) -> Path:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, path / "dense.safetensors")
+    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, path / DENSE)
     if optimizer is not None:
-        save_file(_flat_optimizer_state(optimizer), path / "optimizer.safetensors")
+        save_file(_flat_optimizer_state(optimizer), path / OPTIMIZER)
     ids, rows = table.export()
-    d = table.dim
+    vectors, state_a, state_b = split_rows(rows, table.dim)
     save_file(
         {
             "ids": torch.from_numpy(ids),
-            "vectors": rows[:, :d].contiguous(),
-            "exp_avg": rows[:, d : 2 * d].contiguous(),
-            "exp_avg_sq": rows[:, 2 * d :].contiguous(),
+            "vectors": vectors.contiguous(),
+            "exp_avg": state_a.contiguous(),
+            "exp_avg_sq": state_b.contiguous(),
         },
-        path / "embeddings.safetensors",
+        path / EMBEDDINGS,
     )
     if table.sketch is not None:
         counts = torch.from_numpy(table.sketch.counts.view(np.int16).copy())
@@ -100,8 +116,8 @@ def _fsync(path: Path) -> None:
 
 def latest_snapshot(root: str | Path) -> Path | None:
     """The newest complete snapshot (highest step with a manifest) under root, or None."""
-    folders = sorted(Path(root).glob("step-*")) if Path(root).is_dir() else []
-    complete = [f for f in folders if (f / MANIFEST).is_file()]
+    folders = sorted(Path(root).glob(f"{FOLDER_PREFIX}*")) if Path(root).is_dir() else []
+    complete = [f for f in folders if is_complete(f)]
     return complete[-1] if complete else None
 
 
@@ -116,13 +132,13 @@ def read_manifest(path: str | Path) -> Manifest:
 
 
 def read_embeddings(path: str | Path) -> dict[str, torch.Tensor]:
-    return load_file(str(Path(path) / "embeddings.safetensors"))
+    return load_file(str(Path(path) / EMBEDDINGS))
 
 
 def load_model(path: str | Path, manifest: Manifest) -> CtrModel:
     model = CtrModel(ModelConfig.from_dict(manifest.model))
     try:
-        model.load_state_dict(load_file(str(Path(path) / "dense.safetensors")))
+        model.load_state_dict(load_file(str(Path(path) / DENSE)))
     except (RuntimeError, FileNotFoundError) as exc:
         raise SnapshotError(f"snapshot {path}: dense weights do not fit the model config ({exc})") from None
     return model.eval()
@@ -134,7 +150,7 @@ def load_snapshot(path: str | Path, table: EmbeddingTable) -> Snapshot:
     if TableConfig.from_dict(manifest.table) != table.config:  # type: ignore[arg-type]
         raise SnapshotError(f"snapshot {path}: table config {manifest.table} differs from {table.config}")
     emb = read_embeddings(path)
-    rows = torch.cat([emb["vectors"], emb["exp_avg"], emb["exp_avg_sq"]], dim=1)
+    rows = join_rows(emb["vectors"], emb["exp_avg"], emb["exp_avg_sq"])
     table.load(emb["ids"].numpy().astype(np.int64), rows)
     if table.sketch is not None and (Path(path) / ADMISSION).is_file():
         sketch = load_file(str(Path(path) / ADMISSION))
@@ -143,7 +159,7 @@ def load_snapshot(path: str | Path, table: EmbeddingTable) -> Snapshot:
 
 
 def load_optimizer_state(path: str | Path, optimizer: torch.optim.Optimizer) -> None:
-    flat = load_file(str(Path(path) / "optimizer.safetensors"))
+    flat = load_file(str(Path(path) / OPTIMIZER))
     state = optimizer.state_dict()
     for key, value in flat.items():
         index, name = key.split(".", 1)
