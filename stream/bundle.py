@@ -15,6 +15,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stream import rules
 from stream.featurize import features_from_columns, string_id
 from stream.records import FeatureBatch, RawRecord, Rejected
 from stream.schema import Schema
@@ -54,7 +55,7 @@ def _hex_values(column: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """string column -> (value int64 (n,), missing bool (n,), bad bool (n,))."""
     filled = pc.fill_null(column, "")
     missing = pc.equal(pc.binary_length(filled), 0).to_numpy(zero_copy_only=False)
-    valid = pc.match_substring_regex(filled, "^[0-9a-fA-F]{1,8}$").to_numpy(zero_copy_only=False)
+    valid = pc.match_substring_regex(filled, f"^{rules.HEX32}$").to_numpy(zero_copy_only=False)
     padded = pc.utf8_lpad(pc.if_else(pa.array(valid), filled, "0"), 8, "0")
     padded = pa.array(padded.to_pylist(), pa.string()) if padded.offset else padded
     offsets = np.frombuffer(padded.buffers()[1], dtype=np.int32, count=len(padded) + 1)
@@ -77,7 +78,9 @@ def featurize_arrow_bundle(record: RawRecord, schema: Schema) -> tuple[FeatureBa
     names = set(table.column_names)
     for name in (schema.event_id, schema.timestamp, schema.label, *schema.integer_fields, *schema.categorical_fields):
         if name not in names:
-            return _whole(record, schema, f"{name}: missing column in Arrow bundle")
+            return _whole(
+                record, schema, rules.reason(name, f"{rules.MISSING_FIELD} (no such column in the Arrow bundle)")
+            )
     n = table.num_rows
     bad_reason: list[str | None] = [None] * n
 
@@ -99,14 +102,20 @@ def featurize_arrow_bundle(record: RawRecord, schema: Schema) -> tuple[FeatureBa
         if isinstance(result, str):
             return _whole(record, schema, result)
         scalars[name] = result
+    # the rules of rules.py, in the order decode.py checks them (the first broken rule is the reason)
+    ids_col = table.column(schema.event_id).chunk(0)
+    if not (pa.types.is_integer(ids_col.type) or pa.types.is_string(ids_col.type) or pa.types.is_null(ids_col.type)):
+        return _whole(record, schema, f"{schema.event_id}: column type {ids_col.type}, expected strings or integers")
+    event_ids = ids_col.cast(pa.string()).to_pylist()
+    flag(np.array([not e for e in event_ids], dtype=bool), rules.reason(schema.event_id, rules.EVENT_ID))
     ts, ts_null = scalars[schema.timestamp]
-    flag(ts_null | (ts < 0), f"{schema.timestamp}: must be a non-negative integer (ms)")
+    flag(rules.bad_timestamps(ts, ts_null), rules.reason(schema.timestamp, rules.TIMESTAMP))
     label, label_null = scalars[schema.label]
-    flag(label_null, f"{schema.label}: missing; a training event needs a 0/1 label")
-    flag((label != 0) & (label != 1), f"{schema.label}: must be 0 or 1")
-    ids_col = table.column(schema.event_id).chunk(0).cast(pa.string())
-    event_ids = ids_col.to_pylist()
-    flag(np.array([not e for e in event_ids], dtype=bool), f"{schema.event_id}: must be a non-empty string")
+    flag(label_null, rules.reason(schema.label, rules.LABEL_MISSING))
+    flag(rules.bad_labels(label), rules.reason(schema.label, rules.LABEL))
+    for name in schema.integer_fields:
+        values, null = scalars[name]
+        flag(~null & rules.integers_out_of_range(values), rules.reason(name, rules.INTEGER_RANGE))
     ints = (
         np.stack([scalars[f][0] for f in schema.integer_fields], axis=1)
         if schema.integer_fields
@@ -126,13 +135,19 @@ def featurize_arrow_bundle(record: RawRecord, schema: Schema) -> tuple[FeatureBa
             return _whole(record, schema, f"{name}: column type {column.type}, expected strings")
         columns.append(column.cast(pa.string()))
     c = len(columns)
+    if c:
+        lengths = pc.fill_null(pc.utf8_length(pa.concat_arrays(columns)), 0).to_numpy(zero_copy_only=False)
+        too_long = lengths.reshape(c, n).T > rules.MAX_CATEGORY_CHARS
     if c and schema.categorical_encoding == "hex32":
         # all category columns in one pass: the per-call overhead of pyarrow compute dominates otherwise
         values, missing, bad = (a.reshape(c, n).T for a in _hex_values(pa.concat_arrays(columns)))
-        for offset in np.nonzero(bad.any(axis=0))[0]:
-            flag(bad[:, offset], f"{schema.categorical_fields[offset]}: must be up to 8 hex digits")
+        for f in range(c):
+            flag(too_long[:, f], rules.reason(schema.categorical_fields[f], rules.CATEGORY_LONG))
+            flag(bad[:, f], rules.reason(schema.categorical_fields[f], rules.CATEGORY_HEX))
         cats, cmiss = values, missing
     elif c:
+        for f in range(c):
+            flag(too_long[:, f], rules.reason(schema.categorical_fields[f], rules.CATEGORY_LONG))
         raw = [column.to_pylist() for column in columns]
         cmiss = np.array([[not v for v in col] for col in raw], dtype=bool).T.reshape(n, c)
         cats = np.array(

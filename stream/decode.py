@@ -1,23 +1,21 @@
 """bytes -> Event: parse and validate one event against a schema.
 
 Every schema field must be present; JSON null (or "" for a category) marks a missing value.
+The rules themselves are in rules.py, shared with Arrow bundles and replay's line parser.
 Failures raise DecodeError naming the field, which becomes a DLQ reason or an HTTP 422.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import orjson
 
+from stream import rules
 from stream.errors import DecodeError
 from stream.records import Event
 from stream.schema import Schema
-
-_HEX32 = re.compile(r"[0-9a-fA-F]{1,8}")
-MAX_CATEGORY_CHARS = 256
 
 
 def decode_event(raw: bytes | str, schema: Schema, require_label: bool = True) -> Event:
@@ -30,22 +28,16 @@ def decode_event(raw: bytes | str, schema: Schema, require_label: bool = True) -
 
 
 def event_from_mapping(obj: Any, schema: Schema, require_label: bool = True) -> Event:
-    """Validate an already parsed JSON value into an Event; raises DecodeError."""
+    """Validate an already parsed JSON value into an Event (the rules of rules.py); raises DecodeError."""
     if not isinstance(obj, Mapping):
         raise DecodeError("", f"expected a JSON object, got {type(obj).__name__}")
-    event_id = _required(obj, schema.event_id)
-    if isinstance(event_id, bool) or not isinstance(event_id, (str, int)) or event_id == "":
-        raise DecodeError(schema.event_id, "must be a non-empty string or an integer")
-    ts = _required(obj, schema.timestamp)
-    if isinstance(ts, bool) or not isinstance(ts, int) or ts < 0:
-        raise DecodeError(schema.timestamp, f"must be a non-negative integer (ms), got {ts!r}")
+    event_id = _checked(obj, schema.event_id, rules.check_event_id)
+    ts = _checked(obj, schema.timestamp, rules.check_timestamp)
     label = obj.get(schema.label)
-    if label is None:
-        if require_label:
-            raise DecodeError(schema.label, "missing; a training event needs a 0/1 label")
-    elif isinstance(label, bool) or label not in (0, 1):
-        raise DecodeError(schema.label, f"must be 0 or 1, got {label!r}")
-    ints = tuple(_integer(obj, name) for name in schema.integer_fields)
+    broken = rules.check_label(label, require_label)
+    if broken:
+        raise DecodeError(schema.label, broken)
+    ints = tuple(_checked(obj, name, rules.check_integer) for name in schema.integer_fields)
     hex32 = schema.categorical_encoding == "hex32"
     cats = tuple(_category(obj, name, hex32) for name in schema.categorical_fields)
     return Event(str(event_id), ts, None if label is None else int(label), ints, cats)
@@ -60,18 +52,15 @@ def split_bundle(value: bytes) -> Iterator[bytes]:
 
 def _required(obj: Mapping[str, Any], name: str) -> Any:
     if name not in obj:
-        raise DecodeError(name, "missing field")
+        raise DecodeError(name, rules.MISSING_FIELD)
     return obj[name]
 
 
-def _integer(obj: Mapping[str, Any], name: str) -> int | None:
+def _checked(obj: Mapping[str, Any], name: str, check: Callable[[Any], str | None]) -> Any:
     value = _required(obj, name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise DecodeError(name, f"must be an integer or null, got {value!r}")
-    if not -(1 << 62) < value < 1 << 62:
-        raise DecodeError(name, f"integer out of range: {value}")
+    broken = check(value)
+    if broken:
+        raise DecodeError(name, broken)
     return value
 
 
@@ -79,10 +68,7 @@ def _category(obj: Mapping[str, Any], name: str, hex32: bool) -> str | None:
     value = _required(obj, name)
     if value is None or value == "":
         return None
-    if not isinstance(value, str):
-        raise DecodeError(name, f"must be a string or null, got {value!r}")
-    if hex32 and not _HEX32.fullmatch(value):
-        raise DecodeError(name, f"must be up to 8 hex digits, got {value[:20]!r}")
-    if len(value) > MAX_CATEGORY_CHARS:
-        raise DecodeError(name, f"longer than {MAX_CATEGORY_CHARS} characters")
-    return value
+    broken = rules.check_category(value, hex32)
+    if broken:
+        raise DecodeError(name, broken)
+    return str(value)

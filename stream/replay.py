@@ -17,12 +17,12 @@ from pathlib import Path
 
 import orjson
 
-from stream.errors import StreamError
+from stream import rules
+from stream.errors import DecodeError, StreamError
 from stream.schema import Schema
 from stream.settings import KafkaSettings
 
 _INT = re.compile(r"-?\d+")
-_HEX = re.compile(r"[0-9a-f]{8}")
 BASE_TS_MS = 1_400_000_000_000  # Criteo carries no timestamps; file order is time order
 
 
@@ -36,22 +36,26 @@ class ReplaySummary:
 
 
 def parse_criteo_line(line: str, schema: Schema, event_id: str, ts: int) -> dict[str, object]:
-    """One raw Criteo TSV line -> event dict; raises ValueError with the reason."""
+    """One raw Criteo TSV line -> event dict, checked by the rules of rules.py; raises DecodeError."""
     parts = line.rstrip("\n").split("\t")
     expected = 1 + len(schema.integer_fields) + len(schema.categorical_fields)
     if len(parts) != expected:
-        raise ValueError(f"expected {expected} tab-separated fields, got {len(parts)}")
+        raise DecodeError("", f"expected {expected} tab-separated fields, got {len(parts)}")
     if parts[0] not in ("0", "1"):
-        raise ValueError(f"label must be 0 or 1, got {parts[0][:20]!r}")
+        raise DecodeError(schema.label, rules.LABEL if parts[0] else rules.LABEL_MISSING)
     event: dict[str, object] = {schema.event_id: event_id, schema.timestamp: ts, schema.label: int(parts[0])}
     n_int = len(schema.integer_fields)
     for name, raw in zip(schema.integer_fields, parts[1 : 1 + n_int]):
-        if raw and not _INT.fullmatch(raw):
-            raise ValueError(f"{name}: not an integer: {raw[:20]!r}")
-        event[name] = int(raw) if raw else None
+        value = int(raw) if _INT.fullmatch(raw) else (None if raw == "" else raw)
+        broken = rules.check_integer(value)
+        if broken:
+            raise DecodeError(name, broken)
+        event[name] = value
+    hex32 = schema.categorical_encoding == "hex32"
     for name, raw in zip(schema.categorical_fields, parts[1 + n_int :]):
-        if raw and not _HEX.fullmatch(raw):
-            raise ValueError(f"{name}: not 8 hex digits: {raw[:20]!r}")
+        broken = rules.check_category(raw, hex32) if raw else None
+        if broken:
+            raise DecodeError(name, broken)
         event[name] = raw or None
     return event
 
@@ -84,7 +88,7 @@ def criteo_events(paths: Iterable[str | Path], schema: Schema, loop: bool = Fals
         event_id = f"{stem}:{number}"
         try:
             yield event_id, parse_criteo_line(line, schema, event_id, BASE_TS_MS + index), b"", None
-        except ValueError as exc:
+        except DecodeError as exc:
             yield event_id, None, line.encode(), f"line {number + 1} of {stem}: {exc}"
 
 

@@ -70,7 +70,7 @@ def test_unreadable_or_incomplete_bundles_are_rejected_whole():
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_batch(table)
     _, rejected = featurize_arrow_bundle(RawRecord(0, 2, sink.getvalue().to_pybytes()), SCHEMA)
-    assert rejected[0].reason == "label: missing column in Arrow bundle"
+    assert rejected[0].reason == "label: missing field (no such column in the Arrow bundle)"
     wrong = [{**good(0), "I1": None}]
     value = encode_event_bundle(wrong, SCHEMA)
     assert featurize_arrow_bundle(RawRecord(0, 3, value), SCHEMA)[0].event_ids == ("g0",)

@@ -3,6 +3,7 @@ import gzip
 import pytest
 
 from stream.decode import event_from_mapping
+from stream.errors import DecodeError
 from stream.replay import criteo_file_lines, criteo_records, parse_criteo_line
 from tests.helpers import CRITEO_FILES, needs_shared
 
@@ -26,7 +27,7 @@ def test_parse_line_keeps_missing_and_negative(schema):
     ],
 )
 def test_bad_lines_are_explained(schema, line, reason):
-    with pytest.raises(ValueError, match=reason):
+    with pytest.raises(DecodeError, match=reason):
         parse_criteo_line(line, schema, "f:0", 0)
 
 

@@ -1,0 +1,84 @@
+"""What makes an event valid, in one place.
+
+Every path an event can take checks it with these rules: a JSON event (decode.py, one value at a
+time), an Arrow bundle (bundle.py, a column at a time) and a raw log line (replay.py). So a bad
+event gets the same reason, "<field>: <rule>", whichever way it came; the dead-letter topic keeps
+the offending bytes beside the reason. Reasons do not quote the value (a column check finds many
+at once; the record itself is in the DLQ).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+INT_BOUND = 1 << 62  # integer features: |v| < 2^62, so they survive int64 math and JSON exactly
+MAX_CATEGORY_CHARS = 256  # longest category string
+HEX32 = "[0-9a-fA-F]{1,8}"  # a hex32 category: up to 8 hex digits (Criteo's are 8)
+HEX32_RE = re.compile(HEX32)
+
+# the rules' texts: the reason is f"{field}: {rule}"
+MISSING_FIELD = "missing field"
+EVENT_ID = "must be a non-empty string or an integer"
+TIMESTAMP = "must be a non-negative integer (ms)"
+LABEL_MISSING = "missing; a training event needs a 0/1 label"
+LABEL = "must be 0 or 1"
+INTEGER = "must be an integer or null"
+INTEGER_RANGE = "integer out of range (|v| < 2^62)"
+CATEGORY = "must be a string or null"
+CATEGORY_HEX = "must be up to 8 hex digits"
+CATEGORY_LONG = f"longer than {MAX_CATEGORY_CHARS} characters"
+
+
+def reason(field: str, rule: str) -> str:
+    return f"{field or 'record'}: {rule}"
+
+
+# --- one value (JSON events, log lines): the rule broken, or None ---------------------------
+def check_event_id(value: object) -> str | None:
+    ok = (isinstance(value, str) and value != "") or (isinstance(value, int) and not isinstance(value, bool))
+    return None if ok else EVENT_ID
+
+
+def check_timestamp(value: object) -> str | None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return None if ok else TIMESTAMP
+
+
+def check_label(value: object, required: bool) -> str | None:
+    if value is None:
+        return LABEL_MISSING if required else None
+    return None if not isinstance(value, bool) and value in (0, 1) else LABEL
+
+
+def check_integer(value: object) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        return INTEGER
+    return None if -INT_BOUND < value < INT_BOUND else INTEGER_RANGE
+
+
+def check_category(value: object, hex32: bool) -> str | None:
+    """A present category (None and "" are missing values, checked by the caller)."""
+    if not isinstance(value, str):
+        return CATEGORY
+    if len(value) > MAX_CATEGORY_CHARS:
+        return CATEGORY_LONG
+    if hex32 and not HEX32_RE.fullmatch(value):
+        return CATEGORY_HEX
+    return None
+
+
+# --- whole columns (Arrow bundles): a bool mask (n,) of the values breaking the rule ----------
+def bad_timestamps(ts: np.ndarray, null: np.ndarray) -> np.ndarray:
+    return null | (ts < 0)
+
+
+def bad_labels(labels: np.ndarray) -> np.ndarray:
+    return (labels != 0) & (labels != 1)
+
+
+def integers_out_of_range(values: np.ndarray) -> np.ndarray:
+    return (values <= -INT_BOUND) | (values >= INT_BOUND)
