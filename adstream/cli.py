@@ -104,13 +104,13 @@ def cmd_train(args: argparse.Namespace) -> None:
     from trainer.loop import run_training
 
     config = _config(args)
-    workers = args.workers or config.trainer.workers
+    workers = args.workers or config.trainer.group.workers
     if workers < 1:
         raise CliError(f"train --workers {workers}: use 1 or more replicas")
     if workers > 1 and "WORLD_SIZE" not in os.environ:  # supervise N replicas (torchrun sets WORLD_SIZE itself)
         from trainer.group import supervise
 
-        code = supervise(args.argv, workers, config.trainer.max_restarts)
+        code = supervise(args.argv, workers, config.trainer.group.max_restarts)
         if code:
             raise CliError(f"train: the replica group failed (exit {code}); see the log above")
         return
@@ -288,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--workers",
         type=int,
-        help="replicas, one process each, merged every trainer.merge_every_steps (default trainer.workers)",
+        help="replicas, one process each, merged every trainer.group.merge_every_steps (default trainer.group.workers)",
     )
     p.add_argument("--max-steps", type=int, help="stop after N steps")
     p.add_argument("--max-events", type=int, help="stop after N events")

@@ -3,6 +3,8 @@
     [stack]   adstream.settings.StackSettings     [kafka]    stream.settings.KafkaSettings
     [stream]  stream.settings.StreamSettings    [trainer]  trainer.settings.TrainerSettings
     [mlflow]  trainer.settings.MlflowSettings   [serving]  serving.settings.ServingSettings
+    [trainer.model], [trainer.optim], [trainer.store], [trainer.snapshot], [trainer.group]: the
+    trainer's sub-settings (trainer/settings.py); `--set trainer.optim.lr=0.01` reaches them too.
 
 An unknown section or key is an error that lists the valid ones. kafka.bootstrap and
 mlflow.tracking_uri follow the stack's ports unless set explicitly.
@@ -70,23 +72,31 @@ def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
     return value
 
 
+def _build(cls: type, values: dict[str, Any], where: str) -> Any:
+    """One settings dataclass from a {key: value} table; nested settings from nested tables."""
+    if not isinstance(values, dict):
+        raise CliError(f"config [{where}]: expected a table of settings, got {values!r}")
+    defaults = cls()
+    names = [f.name for f in fields(cls)]
+    changes: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in names:
+            raise CliError(f"config: unknown key {where}.{key}; valid keys of [{where}]: {sorted(names)}")
+        default = getattr(defaults, key)
+        if dataclasses.is_dataclass(default):
+            changes[key] = _build(type(default), value, f"{where}.{key}")
+        else:
+            changes[key] = _coerce(where, key, value, default)
+    return replace(defaults, **changes)  # the dataclass checks its own values (adstream/checks.py)
+
+
 def build_config(sections: dict[str, dict[str, Any]]) -> Config:
-    """Validate a {section: {key: value}} mapping into a Config."""
+    """Validate a {section: {key: value or {key: value}}} mapping into a Config."""
     built: dict[str, Any] = {}
     for section, values in sections.items():
         if section not in SECTIONS:
             raise CliError(f"config: unknown section [{section}]; valid sections: {sorted(SECTIONS)}")
-        if not isinstance(values, dict):
-            raise CliError(f"config [{section}]: expected a table of settings, got {values!r}")
-        cls = SECTIONS[section]
-        defaults = cls()
-        names = {f.name for f in fields(cls)}
-        for key in values:
-            if key not in names:
-                raise CliError(f"config: unknown key {section}.{key}; valid keys of [{section}]: {sorted(names)}")
-        built[section] = replace(
-            defaults, **{k: _coerce(section, k, v, getattr(defaults, k)) for k, v in values.items()}
-        )
+        built[section] = _build(SECTIONS[section], values, section)
     config = Config(**built)
     kafka_given = "bootstrap" in sections.get("kafka", {})
     mlflow_given = "tracking_uri" in sections.get("mlflow", {})
@@ -98,15 +108,26 @@ def build_config(sections: dict[str, dict[str, Any]]) -> Config:
 
 
 def parse_set(assignments: list[str]) -> dict[str, dict[str, Any]]:
-    """["trainer.lr=0.01", ...] -> {"trainer": {"lr": "0.01"}}."""
-    out: dict[str, dict[str, Any]] = {}
+    """["trainer.optim.lr=0.01", ...] -> {"trainer": {"optim": {"lr": "0.01"}}}."""
+    out: dict[str, Any] = {}
     for item in assignments:
         key, sep, value = item.partition("=")
-        section, dot, name = key.partition(".")
-        if not sep or not dot:
-            raise CliError(f"--set {item!r}: write section.key=value, e.g. trainer.lr=0.01")
-        out.setdefault(section.strip(), {})[name.strip()] = value
+        path = [part.strip() for part in key.split(".")]
+        if not sep or len(path) < 2 or not all(path):
+            raise CliError(f"--set {item!r}: write section.key=value, e.g. trainer.optim.lr=0.01")
+        table = out
+        for part in path[:-1]:
+            table = table.setdefault(part, {})
+        table[path[-1]] = value
     return out
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> None:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
 
 
 def load_config(path: str | None = None, assignments: list[str] | None = None) -> Config:
@@ -121,8 +142,7 @@ def load_config(path: str | None = None, assignments: list[str] | None = None) -
             sections = tomllib.loads(file.read_text())
         except tomllib.TOMLDecodeError as exc:
             raise CliError(f"config {file}: not valid TOML: {exc}") from None
-    for section, values in parse_set(assignments or []).items():
-        sections.setdefault(section, {}).update(values)
+    _merge(sections, parse_set(assignments or []))
     return build_config(sections)
 
 

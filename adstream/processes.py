@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from adstream.config import Config, as_dict
 from adstream.errors import CliError
@@ -76,12 +77,21 @@ def stop_pid_file(pid_file: Path, timeout_s: float = 20.0) -> bool:
 
 
 def write_toml(config: Config, path: Path) -> Path:
-    """Write a Config as TOML (values are str, int, float, bool or tuples of those)."""
-    lines = []
-    for section, values in as_dict(config).items():
-        lines.append(f"[{section}]")
+    """Write a Config as TOML (values are str, int, float, bool or tuples of those; nested settings
+    become sub-tables such as [trainer.optim])."""
+    lines: list[str] = []
+
+    def table(name: str, values: dict[str, Any]) -> None:
+        lines.append(f"[{name}]")
+        nested = {k: v for k, v in values.items() if isinstance(v, dict)}
         for key, value in values.items():
-            lines.append(f"{key} = {json.dumps(list(value) if isinstance(value, tuple) else value)}")
+            if key not in nested:
+                lines.append(f"{key} = {json.dumps(list(value) if isinstance(value, tuple) else value)}")
+        for key, value in nested.items():
+            table(f"{name}.{key}", value)
+
+    for section, values in as_dict(config).items():
+        table(section, values)
     path.write_text("\n".join(lines) + "\n")
     return path
 

@@ -4,7 +4,7 @@ Every model scores each batch before it learns it, in stream order, in process (
 measures the learner, not the pipeline). Datasets: the real Criteo rows in file order (reported
 whole and as first / second half), and the synthetic stream without and with drift (its
 generator knows each event's true click probability, so the truth's own AUC is the ceiling).
-Models: adstream with its defaults and each `trainer.model` family, an online logistic
+Models: adstream with its defaults and each `trainer.model.kind` family, an online logistic
 regression (river, AdaGrad, one event at a time: one-hot categories + signed log1p integers +
 missing flags), and the plain PyTorch DeepFM of `bench pipeline`. Extra rows: the drifting
 stream's model frozen at 20% of the stream; batch 4096 with and without CowClip against the
@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from rich.progress import Progress
 
+from adstream.checks import flat_fields, with_changes
 from bench.baseline import BaselineDeepFM
 from stream.featurize import featurize_records, missing_id
 from stream.records import FeatureBatch, RawRecord
@@ -33,21 +34,22 @@ from stream.schema import Schema
 from stream.synthetic import SyntheticConfig, SyntheticCriteo
 from trainer.batch import batch_from_features
 from trainer.metrics import auc_exact, ece, logloss
+from trainer.model import MODEL_KINDS
 from trainer.replica import Trainer, model_config
 from trainer.settings import TrainerSettings
 
 REAL_BATCH = 64  # 10k rows: 160 steps at 64 (at 1024 they would be 10); see the README on batch size
 WINDOW = 100_000  # the synthetic streams' last-window figures
 ABLATION: dict[str, dict[str, Any]] = {  # one default changed at a time
-    "sparse_optimizer=adagrad": {"sparse_optimizer": "adagrad"},
-    "sparse_optimizer=adam": {"sparse_optimizer": "adam", "sparse_lr": 0.01, "wide_lr": 0.01},
-    "wide_lr=sparse_lr/5": {"wide_lr": 0.01},
-    "min_count=2 (shared rows)": {"min_count": 2},
-    "dense_norm=false": {"dense_norm": False},
-    "warmup_steps=50": {"warmup_steps": 50},
-    "init_std=0.001": {"init_std": 0.001},
-    "sparse_l2=1e-4": {"sparse_l2": 1e-4},
-    "lr=0.001 (old default)": {"lr": 0.001},
+    "sparse_optimizer=adagrad": {"optim.sparse_optimizer": "adagrad"},
+    "sparse_optimizer=adam": {"optim.sparse_optimizer": "adam", "optim.sparse_lr": 0.01, "optim.wide_lr": 0.01},
+    "wide_lr=sparse_lr/5": {"optim.wide_lr": 0.01},
+    "min_count=2 (shared rows)": {"store.min_count": 2},
+    "dense_norm=false": {"model.dense_norm": False},
+    "warmup_steps=50": {"optim.warmup_steps": 50},
+    "init_std=0.001": {"optim.init_std": 0.001},
+    "sparse_l2=1e-4": {"optim.sparse_l2": 1e-4},
+    "lr=0.001 (old default)": {"optim.lr": 0.001},
 }
 
 
@@ -89,7 +91,7 @@ Learner = Callable[[FeatureBatch, int], np.ndarray]
 def adstream_learner(schema: Schema, settings: TrainerSettings, freeze_at: int | None = None) -> Learner:
     def learn(features: FeatureBatch, batch_size: int) -> np.ndarray:
         torch.manual_seed(0)
-        trainer = Trainer(schema, replace(settings, batch_size=batch_size, snapshot_dir="/tmp/adstream-unused"))
+        trainer = Trainer(schema, replace(settings, batch_size=batch_size))
         probs, seen = [], 0
         for part in features.split(batch_size):
             batch = batch_from_features([part])
@@ -202,35 +204,36 @@ def run_accuracy_bench(
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "defaults": {
-            k: getattr(settings, k)
-            for k in ("model", "sparse_optimizer", "sparse_lr", "wide_lr", "lr", "batch_size", "min_count")
-        },
+        "defaults": flat_fields(settings),
         "runs": [],
     }
     batch = settings.batch_size
-    families = {f"adstream-{kind}": replace(settings, model=kind) for kind in ("lr", "fm", "deepfm", "dcn")}
+    families = {f"adstream-{kind}": with_changes(settings, {"model.kind": kind}) for kind in MODEL_KINDS}
     jobs: list[tuple[Callable[[], Stream | None], list[tuple[str, int, Learner]]]] = []
     real_jobs = [("adstream", REAL_BATCH, adstream_learner(schema, settings))]
     real_jobs += [
-        (name, REAL_BATCH, adstream_learner(schema, s)) for name, s in families.items() if s.model != settings.model
+        (name, REAL_BATCH, adstream_learner(schema, s))
+        for name, s in families.items()
+        if s.model.kind != settings.model.kind
     ]
     real_jobs += [("river-lr", 1, river_learner()), ("pytorch-deepfm", REAL_BATCH, baseline_learner(schema))]
     if ablation:
         real_jobs += [
-            (f"ablation: {name}", REAL_BATCH, adstream_learner(schema, replace(settings, **change)))
+            (f"ablation: {name}", REAL_BATCH, adstream_learner(schema, with_changes(settings, change)))
             for name, change in ABLATION.items()
         ]
     jobs.append((lambda: real_stream(schema, criteo_dir), real_jobs))
     synthetic_jobs = [("adstream", batch, adstream_learner(schema, settings))]
     synthetic_jobs += [
-        (name, batch, adstream_learner(schema, s)) for name, s in families.items() if s.model != settings.model
+        (name, batch, adstream_learner(schema, s))
+        for name, s in families.items()
+        if s.model.kind != settings.model.kind
     ]
     synthetic_jobs += [
         ("river-lr", 1, river_learner()),
         ("pytorch-deepfm", batch, baseline_learner(schema)),
         ("adstream-b4096", 4096, adstream_learner(schema, settings)),
-        ("adstream-b4096-cowclip", 4096, adstream_learner(schema, replace(settings, clip_ratio=1.0))),
+        ("adstream-b4096-cowclip", 4096, adstream_learner(schema, with_changes(settings, {"optim.clip_ratio": 1.0}))),
     ]
     jobs.append((lambda: synthetic_stream(schema, events, 0.0), synthetic_jobs))
     drift_jobs = [

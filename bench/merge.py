@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,8 @@ import numpy as np
 import torch
 from rich.progress import Progress
 
-from bench.pipeline import REAL_BATCH, REAL_SETTINGS
+from adstream.checks import with_changes
+from bench.pipeline import REAL_BATCH
 from stream.featurize import featurize_records
 from stream.records import FeatureBatch, RawRecord
 from stream.replay import criteo_records, synthetic_records
@@ -60,7 +60,7 @@ def _save(batches: list[FeatureBatch], path: Path) -> None:
     )
 
 
-def _replica(data: str, settings: dict[str, Any], k: int, schema_name: str) -> dict[str, Any]:
+def _replica(data: str, settings: TrainerSettings, k: int, schema_name: str) -> dict[str, Any]:
     """One replica of a bench run (spawned): learn its share of the batches, merge every k rounds."""
     import torch.distributed as dist
 
@@ -71,7 +71,7 @@ def _replica(data: str, settings: dict[str, Any], k: int, schema_name: str) -> d
     rank, world = dist.get_rank(), dist.get_world_size()
     arrays = dict(np.load(data))  # an NpzFile would re-read the array from the archive at every access
     bounds = np.concatenate([[0], np.cumsum(arrays["sizes"])])
-    trainer = Trainer(load_schema(schema_name), TrainerSettings(**settings))
+    trainer = Trainer(load_schema(schema_name), settings)
     labels, probs = [], []
     rounds = len(arrays["sizes"]) // world  # every replica gets the same number of batches
     # the training loop's own schedule (trainer/schedule.py); this bench neither snapshots nor reports
@@ -108,7 +108,7 @@ def _replica(data: str, settings: dict[str, Any], k: int, schema_name: str) -> d
 
 def _run(data: Path, settings: TrainerSettings, workers: int, k: int, schema_name: str) -> dict[str, Any]:
     threads = max(1, (os.cpu_count() or 1) // workers)
-    config = asdict(replace(settings, threads=threads, merge_every_steps=k))
+    config = with_changes(settings, {"threads": threads, "group.merge_every_steps": k})
     replicas = launch_local(_replica, workers, str(data), config, k, schema_name)
     labels = np.concatenate([r["labels"] for r in replicas])
     probs = np.concatenate([r["probs"] for r in replicas])
@@ -167,7 +167,7 @@ def run_merge_bench(
     files = sorted(Path(criteo_dir).glob("*.txt"), key=lambda p: (not p.name.startswith("autoint"), p.name))
     if files:
         real = _features(criteo_records(files, schema, bundle=REAL_BATCH, fmt="arrow"), "criteo")
-        datasets.append(("criteo", real, replace(base, **REAL_SETTINGS)))
+        datasets.append(("criteo", real, base))
     plan = [(w, k) for w in workers for k in ((1, 0) if w == 1 else (*ks, 0))]
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp, Progress(disable=not progress) as bar:

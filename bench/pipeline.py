@@ -34,7 +34,6 @@ from trainer.replica import Trainer
 from trainer.settings import TrainerSettings
 
 REAL_BATCH = 64
-REAL_SETTINGS: dict[str, Any] = {}  # the trainer's defaults (no per-data-set tuning; see bench accuracy)
 
 
 def _rate(n: int, seconds: float) -> float:
@@ -104,7 +103,7 @@ def _faust_rate(
 
 
 def _progressive(schema: Schema, batches: list[Batch], settings: TrainerSettings) -> dict[str, float]:
-    ours = Trainer(schema, replace(settings, snapshot_dir="/tmp/unused"))
+    ours = Trainer(schema, settings)
     baseline = BaselineDeepFM(replace(ours.model_config, kind="deepfm", dense_norm=False))
     base_metrics = ProgressiveMetrics()
     for batch in batches:
@@ -193,7 +192,7 @@ def run_pipeline_bench(
 
     # training: the same batches for adstream's trainer and the baseline
     batches = [batch_from_features([fb]) for fb in feature_batches]
-    trainer = Trainer(schema, replace(trainer_settings, snapshot_dir="/tmp/unused"))
+    trainer = Trainer(schema, trainer_settings)
     start = time.perf_counter()
     for batch in batches:
         trainer.learn(batch)
@@ -215,7 +214,7 @@ def run_pipeline_bench(
             if reason is None
         ]
         real = [batch_from_features([featurize_records([r], schema)[0]]) for r in records]
-        scores = _progressive(schema, real, replace(trainer_settings, **REAL_SETTINGS))
+        scores = _progressive(schema, real, trainer_settings)
         result.update(
             {
                 "auc_real": scores["auc"],
@@ -224,7 +223,6 @@ def run_pipeline_bench(
                 "baseline_logloss_real": scores["baseline_logloss"],
                 "real_rows": int(sum(len(b) for b in real)),
                 "real_batch_size": REAL_BATCH,
-                "real_settings": REAL_SETTINGS,
             }
         )
         river = _river_lr(schema, files)

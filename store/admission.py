@@ -64,7 +64,7 @@ class AdmissionSketch:
         if counts.shape != self.counts.shape:
             raise StoreError(
                 f"admission sketch: saved counters {counts.shape} do not fit this budget's {self.counts.shape}; "
-                "restore with the trainer.admission_bytes the snapshot was taken with"
+                "restore with the trainer.store.admission_bytes the snapshot was taken with"
             )
         self.counts = counts.astype(np.uint16).copy()
         self.added = int(added)

@@ -105,7 +105,7 @@ class RamTier:
                 raise StoreError(
                     f"RamTier ({self.device}): {len(self._slot) + len(new)} rows need "
                     f"{(len(self._slot) + len(new)) * self.row_bytes} bytes, over the budget of "
-                    f"{self.capacity_bytes}; raise the tier's budget (e.g. trainer.ram_bytes) or use the hierarchy"
+                    f"{self.capacity_bytes}; raise the tier's budget (trainer.store.ram_bytes) or use the hierarchy"
                 )
             slots[new] = self._allocate(len(new))
             self._slot.put(ids[new], slots[new])

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from adstream.checks import at_least, check_fields
+from stream.errors import StreamError
+
 
 @dataclass(frozen=True)
 class KafkaSettings:
@@ -11,8 +14,13 @@ class KafkaSettings:
     events_topic: str = "adstream.events"  # raw JSON events (or bundles), key = event id
     batches_topic: str = "adstream.batches"  # Arrow IPC feature batches
     dlq_topic: str = "adstream.events.dlq"  # rejected lines, header "reason"
-    partitions: int = 2  # partitions of each topic when adstream creates it
-    max_message_bytes: int = 4 << 20  # topic max.message.bytes, producer and consumer limits
+    partitions: int = at_least(1, 2)  # partitions of each topic when adstream creates it
+    max_message_bytes: int = at_least(1 << 10, 4 << 20)  # topic max.message.bytes, producer and consumer limits
+
+    def __post_init__(self) -> None:
+        check_fields(self, "kafka", StreamError)
+        if not self.bootstrap or ":" not in self.bootstrap:
+            raise StreamError(f"config kafka.bootstrap={self.bootstrap!r}: write host:port, e.g. 127.0.0.1:19092")
 
     def scoped(self, prefix: str) -> KafkaSettings:
         """The same settings with topics of their own (`<prefix>.events`, ...), for tests and benchmarks."""
@@ -24,8 +32,11 @@ class KafkaSettings:
 @dataclass(frozen=True)
 class StreamSettings:
     schema: str = "criteo"  # bundled schema name or path to a schema TOML file
-    batch_events: int = 1024  # most events per Arrow batch (~400 KB for Criteo: under Kafka's 1 MB)
-    take_records: int = 1024  # Kafka records per agent iteration (lower it when records are large bundles)
-    batch_within_s: float = 1.0  # flush a partial batch after this many seconds
+    batch_events: int = at_least(1, 1024)  # most events per Arrow batch (~400 KB for Criteo: under Kafka's 1 MB)
+    take_records: int = at_least(1, 1024)  # Kafka records per agent iteration (lower it when records are large bundles)
+    batch_within_s: float = at_least(0, 1.0)  # flush a partial batch after this many seconds
     app_id: str = "adstream-featurizer"  # Faust app id = Kafka consumer group
-    metrics_port: int = 0  # Prometheus endpoint of the worker; 0 = off
+    metrics_port: int = at_least(0, 0)  # Prometheus endpoint of the worker; 0 = off
+
+    def __post_init__(self) -> None:
+        check_fields(self, "stream", StreamError)

@@ -16,6 +16,7 @@ import pytest
 from adstream import stack as local_stack
 from adstream.config import Config, build_config
 from stream.schema import Schema, load_schema
+from trainer.settings import SnapshotSettings
 
 
 @pytest.fixture(scope="session")
@@ -60,9 +61,7 @@ def isolated(stack: Config, tmp_path: Path) -> Config:
         trainer=replace(
             stack.trainer,
             group_id=f"t{tag}-trainer",
-            snapshot_dir=str(tmp_path / "snapshots"),
-            snapshot_every_steps=1000,
-            snapshot_every_s=3600.0,
+            snapshot=SnapshotSettings(dir=str(tmp_path / "snapshots"), every_steps=1000, every_s=3600.0),
         ),
         mlflow=replace(stack.mlflow, experiment=f"test-{tag}", model_name=f"test-model-{tag}"),
         serving=replace(stack.serving, cache_dir=str(tmp_path / "serving"), poll_s=0.5),

@@ -17,7 +17,7 @@ from stream.featurize import featurize
 from stream.records import FeatureBatch
 from trainer.batch import Batch, batch_from_features
 from trainer.replica import Trainer
-from trainer.settings import TrainerSettings
+from trainer.settings import ModelSettings, StoreSettings, TrainerSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -107,7 +107,9 @@ def zipf_batches(n_batches: int, seed: int = 0) -> list[Batch]:
 
 
 def trained_trainer(schema, steps: int = 5) -> Trainer:
-    trainer = Trainer(schema, TrainerSettings(embed_dim=4, hidden=(16,), ram_bytes=1 << 26))
+    trainer = Trainer(
+        schema, TrainerSettings(model=ModelSettings(embed_dim=4, hidden=(16,)), store=StoreSettings(ram_bytes=1 << 26))
+    )
     for s in range(steps):
         events = [event_from_mapping(criteo_event(s * 50 + i), schema) for i in range(50)]
         trainer.learn(batch_from_features([featurize(events, schema)], {0: s + 1}))

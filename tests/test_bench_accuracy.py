@@ -4,12 +4,12 @@ except that the truth is the ceiling it should be and that freezing a model stop
 from bench.accuracy import run_accuracy_bench
 from stream.schema import load_schema
 from tests.helpers import CRITEO_DIR, CRITEO_FILES, needs_shared
-from trainer.settings import TrainerSettings
+from trainer.settings import ModelSettings, TrainerSettings
 
 
 @needs_shared(bool(CRITEO_FILES), "the real Criteo rows")
 def test_bench_accuracy_reports_every_dataset_and_model():
-    settings = TrainerSettings(embed_dim=4, hidden=(16,), threads=1)
+    settings = TrainerSettings(model=ModelSettings(embed_dim=4, hidden=(16,)), threads=1)
     result = run_accuracy_bench(
         load_schema("criteo"),
         settings,
@@ -26,7 +26,7 @@ def test_bench_accuracy_reports_every_dataset_and_model():
     pairs = {(r["dataset"], r["model"]) for r in runs}
     real = ("criteo-real", "criteo-real/first-half", "criteo-real/second-half")
     for dataset in (*real, "synthetic", "synthetic-drift2"):
-        families = [f"adstream-{kind}" for kind in ("lr", "fm", "deepfm", "dcn") if kind != settings.model]
+        families = [f"adstream-{kind}" for kind in ("lr", "fm", "deepfm", "dcn") if kind != settings.model.kind]
         for model in ("adstream", *families, "river-lr", "pytorch-deepfm"):
             if dataset.startswith("synthetic-drift") and model not in ("adstream", "river-lr"):
                 continue

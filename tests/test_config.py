@@ -16,22 +16,30 @@ def test_defaults_follow_stack_ports():
 def test_unknown_section_and_key_name_the_fix():
     with pytest.raises(AdstreamError, match=r"unknown section \[trainr\]"):
         build_config({"trainr": {}})
-    with pytest.raises(AdstreamError, match=r"unknown key trainer.learning_rate.*'lr'"):
+    with pytest.raises(AdstreamError, match=r"unknown key trainer.learning_rate.*'optim'"):
         build_config({"trainer": {"learning_rate": 0.1}})
+    with pytest.raises(AdstreamError, match=r"unknown key trainer.optim.learning_rate.*'lr'"):
+        build_config({"trainer": {"optim": {"learning_rate": 0.1}}})
+    with pytest.raises(AdstreamError, match=r"config \[trainer.optim\]: expected a table"):
+        build_config({"trainer": {"optim": 0.1}})
 
 
 def test_values_are_typed():
-    config = build_config({"trainer": {"lr": "0.05", "hidden": "32,16", "batch_size": 512}})
-    assert config.trainer.lr == 0.05 and config.trainer.hidden == (32, 16) and config.trainer.batch_size == 512
+    config = build_config({"trainer": {"optim": {"lr": "0.05"}, "model": {"hidden": "32,16"}, "batch_size": 512}})
+    trainer = config.trainer
+    assert trainer.optim.lr == 0.05 and trainer.model.hidden == (32, 16) and trainer.batch_size == 512
     with pytest.raises(AdstreamError, match=r"trainer.batch_size='many': expected int"):
         build_config({"trainer": {"batch_size": "many"}})
 
 
 def test_file_and_set_flags(tmp_path):
     file = tmp_path / "a.toml"
-    file.write_text("[trainer]\nlr = 0.5\n[stream]\nbatch_events = 64\n")
-    config = load_config(str(file), ["trainer.lr=0.25"])
-    assert config.trainer.lr == 0.25 and config.stream.batch_events == 64
+    file.write_text(
+        "[trainer]\nbatch_size = 32\n[trainer.optim]\nlr = 0.5\nwide_lr = 0.2\n[stream]\nbatch_events = 64\n"
+    )
+    config = load_config(str(file), ["trainer.optim.lr=0.25", "trainer.model.kind=fm"])
+    assert config.trainer.optim.lr == 0.25 and config.trainer.optim.wide_lr == 0.2  # --set merges into the file's table
+    assert config.trainer.model.kind == "fm" and config.trainer.batch_size == 32 and config.stream.batch_events == 64
     with pytest.raises(AdstreamError, match="section.key=value"):
         parse_set(["lr=1"])
     with pytest.raises(AdstreamError, match="no file"):
@@ -51,22 +59,52 @@ def test_every_subcommand_has_help(capsys):
 def test_trainer_values_out_of_range_name_the_key():
     from trainer.errors import TrainerError
 
-    with pytest.raises(TrainerError, match=r"trainer.merge_every_steps=-1: must be >= 0"):
-        build_config({"trainer": {"merge_every_steps": -1}})
-    with pytest.raises(TrainerError, match=r"trainer.optimizer='adagrad'.*'adam', 'sgd'"):
-        build_config({"trainer": {"optimizer": "adagrad"}})
-    with pytest.raises(TrainerError, match=r"trainer.model='xdeepfm'.*'lr', 'fm', 'deepfm', 'dcn'"):
-        build_config({"trainer": {"model": "xdeepfm"}})
-    with pytest.raises(TrainerError, match=r"trainer.sparse_optimizer='rmsprop'.*'ftrl'"):
-        build_config({"trainer": {"sparse_optimizer": "rmsprop"}})
+    with pytest.raises(TrainerError, match=r"trainer.group.merge_every_steps=-1: must be >= 0"):
+        build_config({"trainer": {"group": {"merge_every_steps": -1}}})
+    with pytest.raises(TrainerError, match=r"trainer.optim.optimizer='adagrad'.*'adam', 'sgd'"):
+        build_config({"trainer": {"optim": {"optimizer": "adagrad"}}})
+    with pytest.raises(TrainerError, match=r"trainer.model.kind='xdeepfm'.*'lr', 'fm', 'deepfm', 'dcn'"):
+        build_config({"trainer": {"model": {"kind": "xdeepfm"}}})
+    with pytest.raises(TrainerError, match=r"trainer.optim.sparse_optimizer='rmsprop'.*'ftrl'"):
+        build_config({"trainer": {"optim": {"sparse_optimizer": "rmsprop"}}})
+    with pytest.raises(TrainerError, match=r"trainer.batch_size=0: must be >= 1"):
+        build_config({"trainer": {"batch_size": 0}})
+    with pytest.raises(TrainerError, match=r"trainer.device='gpu'"):
+        build_config({"trainer": {"device": "gpu"}})
 
 
 def test_store_policies_on_the_ram_store_are_an_error_not_ignored():
     from trainer.errors import TrainerError
 
-    with pytest.raises(TrainerError, match=r"trainer.ttl_steps=5.*set trainer.store = \"tiered\""):
-        build_config({"trainer": {"ttl_steps": 5}})
-    with pytest.raises(TrainerError, match=r"trainer.eviction='lfu'"):
-        build_config({"trainer": {"eviction": "lfu"}})
-    built = build_config({"trainer": {"store": "tiered", "ttl_steps": 5, "eviction": "lfu"}})
-    assert built.trainer.ttl_steps == 5 and built.trainer.eviction == "lfu"
+    with pytest.raises(TrainerError, match=r"trainer.store.ttl_steps=5.*set trainer.store.kind = \"tiered\""):
+        build_config({"trainer": {"store": {"ttl_steps": 5}}})
+    with pytest.raises(TrainerError, match=r"trainer.store.eviction='lfu'"):
+        build_config({"trainer": {"store": {"eviction": "lfu"}}})
+    built = build_config({"trainer": {"store": {"kind": "tiered", "ttl_steps": 5, "eviction": "lfu"}}})
+    assert built.trainer.store.ttl_steps == 5 and built.trainer.store.eviction == "lfu"
+
+
+def test_every_section_checks_its_values_and_names_the_key():
+    from serving.errors import ServingError
+    from stream.errors import StreamError
+
+    with pytest.raises(StreamError, match=r"config kafka.partitions=0: must be >= 1"):
+        build_config({"kafka": {"partitions": 0}})
+    with pytest.raises(StreamError, match=r"config kafka.bootstrap='broker': write host:port"):
+        build_config({"kafka": {"bootstrap": "broker"}})
+    with pytest.raises(StreamError, match=r"config stream.batch_events=0: must be >= 1"):
+        build_config({"stream": {"batch_events": 0}})
+    with pytest.raises(ServingError, match=r"config serving.max_events=0: must be >= 1"):
+        build_config({"serving": {"max_events": 0}})
+    with pytest.raises(AdstreamError, match=r"config stack.kafka_port=0: must be >= 1"):
+        build_config({"stack": {"kafka_port": 0}})
+    with pytest.raises(AdstreamError, match=r"config mlflow.alias='latest'"):
+        build_config({"mlflow": {"alias": "latest"}})
+
+
+def test_settings_written_as_toml_read_back_the_same(tmp_path):
+    from adstream.processes import write_toml
+
+    config = load_config(None, ["trainer.optim.lr=0.02", "trainer.model.hidden=8,4", "trainer.store.min_count=2"])
+    again = load_config(str(write_toml(config, tmp_path / "c.toml")))
+    assert again == config

@@ -200,7 +200,6 @@ def test_sigkill_mid_training_reopens_at_the_last_checkpoint(tmp_path):
 
 
 def test_trainer_on_the_hierarchy_snapshots_and_serves_the_same_predictions(schema, tmp_path):
-    from dataclasses import replace
 
     from serving.loader import load_served_model
     from serving.predict import predict_events
@@ -209,18 +208,20 @@ def test_trainer_on_the_hierarchy_snapshots_and_serves_the_same_predictions(sche
     from tests.helpers import criteo_event
     from trainer.batch import batch_from_features
     from trainer.replica import Trainer
-    from trainer.settings import TrainerSettings
+    from trainer.settings import ModelSettings, StoreSettings, TrainerSettings
     from trainer.snapshot import load_snapshot
     from trainer.step import predict
 
     row = RamTier(3 * 5, 1).row_bytes
-    settings = replace(
-        TrainerSettings(embed_dim=4, hidden=(16,)),
-        store="tiered",
-        device_bytes=2500 * row,
-        ram_bytes=1500 * row,
-        disk_bytes=1 << 30,
-        store_path=str(tmp_path / "rocks"),
+    settings = TrainerSettings(
+        model=ModelSettings(embed_dim=4, hidden=(16,)),
+        store=StoreSettings(
+            kind="tiered",
+            device_bytes=2500 * row,
+            ram_bytes=1500 * row,
+            disk_bytes=1 << 30,
+            path=str(tmp_path / "rocks"),
+        ),
     )
     trainer = Trainer(schema, settings)
     for s in range(6):

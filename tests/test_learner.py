@@ -25,7 +25,7 @@ from trainer.batch import batch_from_features
 from trainer.metrics import calibration_summary, calibration_sums, ece
 from trainer.model import MODEL_KINDS, OnlineNorm
 from trainer.replica import Trainer
-from trainer.settings import TrainerSettings
+from trainer.settings import ModelSettings, StoreSettings, TrainerSettings
 
 W0, G1, G2 = 0.5, 0.2, -0.4  # one coordinate: initial weight, then two gradients
 
@@ -158,7 +158,9 @@ def test_online_norm_standardizes_with_the_statistics_before_the_batch():
 def test_serving_returns_the_trainers_predictions_for_every_family(tmp_path, kind, min_count):
     schema = load_schema("criteo")
     generator = SyntheticCriteo(schema)
-    settings = TrainerSettings(model=kind, embed_dim=4, hidden=(16,), min_count=min_count, threads=1)
+    settings = TrainerSettings(
+        model=ModelSettings(kind=kind, embed_dim=4, hidden=(16,)), store=StoreSettings(min_count=min_count), threads=1
+    )
     trainer = Trainer(schema, settings)
     for _ in range(4):
         events, _ = generator.generate(256)

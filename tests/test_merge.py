@@ -15,7 +15,7 @@ from trainer.batch import Batch
 from trainer.group import launch_local
 from trainer.merge import average_rows
 from trainer.replica import Trainer
-from trainer.settings import TrainerSettings
+from trainer.settings import ModelSettings, OptimSettings, StoreSettings, TrainerSettings
 
 SCHEMA = load_schema("criteo")
 FIELDS, DENSE = SCHEMA.num_sparse, SCHEMA.num_dense
@@ -34,19 +34,14 @@ def make_batches(seed: int, steps: int = 4, size: int = 32, vocab: int = 60) -> 
     return out
 
 
-def settings(optimizer: str, sparse: str | None = None, **changes: object) -> TrainerSettings:
+def settings(optimizer: str, sparse: str | None = None, **store: object) -> TrainerSettings:
     """Dense `optimizer` ("adam" or "sgd"); the sparse one is `sparse`, else the same as the dense."""
     lr = 0.05 if optimizer == "sgd" else 0.01
     return TrainerSettings(
-        embed_dim=4,
-        hidden=(8,),
-        optimizer=optimizer,
-        sparse_optimizer=sparse or optimizer,
-        lr=lr,
-        sparse_lr=lr,
-        wide_lr=lr,
+        model=ModelSettings(embed_dim=4, hidden=(8,)),
+        optim=OptimSettings(optimizer=optimizer, sparse_optimizer=sparse or optimizer, lr=lr, sparse_lr=lr, wide_lr=lr),
+        store=StoreSettings(**store),  # type: ignore[arg-type]
         threads=1,
-        **changes,  # type: ignore[arg-type]
     )
 
 

@@ -19,7 +19,7 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from prometheus_client import Gauge, start_http_server
 
+from adstream.checks import flat_fields
 from stream.schema import Schema
 from stream.settings import KafkaSettings
 from trainer.batch import Batch
@@ -159,11 +160,11 @@ def _run(
         start_http_server(settings.metrics_port + rank)
     if settings.device.startswith("cuda"):
         _pin_to_gpu_numa_node(settings.device)
-    if settings.store == "tiered":  # the snapshot is the truth; rows on disk may be newer than it
+    if settings.store.kind == "tiered":  # the snapshot is the truth; rows on disk may be newer than it
         shutil.rmtree(store_path(settings, rank), ignore_errors=True)
     control = Control(world)
     trainer = Trainer(schema, settings)
-    resumed = latest_snapshot(settings.snapshot_dir)
+    resumed = latest_snapshot(settings.snapshot.dir)
     run_id = None
     state = LoopState()
     if resumed is not None:
@@ -174,12 +175,12 @@ def _run(
         log.warning("replica %d resumes from %s (step %d)", rank, resumed, trainer.step)
     publisher = None
     if rank == 0:
-        params = {**asdict(settings), "schema_hash": schema.hash, "max_events": max_events, "workers": world}
+        params = {**flat_fields(settings), "schema_hash": schema.hash, "max_events": max_events, "workers": world}
         publisher = Publisher(mlflow, params=params, run_id=run_id)
     source = BatchSource(kafka, settings.group_id, schema.hash, rank, world, start_offsets=trainer.offsets)
     learn_log = LearnLog(settings.learn_log, rank)
-    k = settings.merge_every_steps
-    schedule = Schedule(world, k, settings.snapshot_every_steps, settings.log_every_steps, max_steps, max_events)
+    k = settings.group.merge_every_steps
+    schedule = Schedule(world, k, settings.snapshot.every_steps, settings.log_every_steps, max_steps, max_events)
     version: str | None = None
     snapshot_path: Path | None = None
     batches_built = 0
@@ -199,8 +200,8 @@ def _run(
                 mine = Round.vector(
                     events=len(batch) if batch is not None else None,
                     idle=idle_exit_s is not None and now - idle_since >= idle_exit_s,
-                    merge_due=rank == 0 and 0 < settings.merge_every_s <= now - last_merge_t,
-                    snapshot_due=rank == 0 and now - last_snapshot_t >= settings.snapshot_every_s,
+                    merge_due=rank == 0 and 0 < settings.group.merge_every_s <= now - last_merge_t,
+                    snapshot_due=rank == 0 and now - last_snapshot_t >= settings.snapshot.every_s,
                 )
                 state, act = decide(state, Round.from_sum(control.sum(mine)), schedule)
                 if act.learn:
@@ -290,9 +291,9 @@ def _snapshot(
         extra = {
             "mlflow_run_id": publisher.run_id,
             "workers": control.world,
-            "merge_every_steps": settings.merge_every_steps,
+            "merge_every_steps": settings.group.merge_every_steps,
         }
-        path = trainer.save(settings.snapshot_dir, offsets, extra, events=events)
+        path = trainer.save(settings.snapshot.dir, offsets, extra, events=events)
         version = publisher.publish_snapshot(path, trainer.step)
     control.barrier()  # the snapshot is durable before any replica commits its offsets
     source.commit(offsets)

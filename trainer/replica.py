@@ -25,7 +25,6 @@ from store.tier import Tier
 from stream.featurize import shared_ids
 from stream.schema import Schema
 from trainer.batch import Batch
-from trainer.errors import TrainerError
 from trainer.merge import (
     MergeStats,
     average_buffers,
@@ -51,73 +50,73 @@ MERGE_BYTES = Counter("adstream_trainer_merge_bytes_total", "payload bytes this 
 
 
 def store_path(settings: TrainerSettings, rank: int = 0) -> str:
-    """The RocksDB folder of replica `rank` (store = "tiered")."""
-    return settings.store_path if rank == 0 else f"{settings.store_path}-rank{rank}"
+    """The RocksDB folder of replica `rank` (store.kind = "tiered")."""
+    path = settings.store.path
+    return path if rank == 0 else f"{path}-rank{rank}"
 
 
 def make_tier(settings: TrainerSettings, width: int, rank: int = 0) -> Tier:
     """The embedding store the settings ask for (each replica of a group gets its own RocksDB folder)."""
-    if settings.store == "ram":
-        return RamTier(width, settings.ram_bytes)
-    if settings.store == "tiered":
-        config = HierarchyConfig(
-            device_bytes=settings.device_bytes,
-            ram_bytes=settings.ram_bytes,
-            disk_bytes=settings.disk_bytes,
-            path=store_path(settings, rank),
-            device=settings.device,
-            policy=settings.eviction,
-            ttl_steps=settings.ttl_steps,
-        )
-        return TieredStore(width, config)
-    raise TrainerError(f"trainer.store={settings.store!r}; use 'ram' or 'tiered'")
+    store = settings.store
+    if store.kind == "ram":
+        return RamTier(width, store.ram_bytes)
+    config = HierarchyConfig(
+        device_bytes=store.device_bytes,
+        ram_bytes=store.ram_bytes,
+        disk_bytes=store.disk_bytes,
+        path=store_path(settings, rank),
+        device=settings.device,
+        policy=store.eviction,
+        ttl_steps=store.ttl_steps,
+    )
+    return TieredStore(width, config)
 
 
 def make_optimizer(model: torch.nn.Module, settings: TrainerSettings) -> torch.optim.Optimizer:
-    if settings.optimizer == "adam":  # Adam on the deep part, Adagrad on the wide part (trainer/optim.py)
-        return wide_deep_optimizer(model, settings.lr, settings.wide_lr)
-    if settings.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=settings.lr)
-    raise TrainerError(f"trainer.optimizer={settings.optimizer!r}; use 'adam' or 'sgd'")
+    optim = settings.optim
+    if optim.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=optim.lr)
+    return wide_deep_optimizer(model, optim.lr, optim.wide_lr)  # Adam (deep) + Adagrad (wide): trainer/optim.py
 
 
 def model_config(schema: Schema, settings: TrainerSettings) -> ModelConfig:
+    model = settings.model
     return ModelConfig(
         num_fields=schema.num_sparse,
         num_dense=schema.num_dense,
-        embed_dim=settings.embed_dim,
-        hidden=tuple(settings.hidden),
+        embed_dim=model.embed_dim,
+        hidden=tuple(model.hidden),
         seed=settings.seed,
-        kind=settings.model,
-        cross_layers=settings.cross_layers,
-        dense_norm=settings.dense_norm,
+        kind=model.kind,
+        cross_layers=model.cross_layers,
+        dense_norm=model.dense_norm,
     )
 
 
 def table_config(model: ModelConfig, settings: TrainerSettings) -> TableConfig:
-    optim = SparseOptimConfig(
-        name=settings.sparse_optimizer,
-        lr=settings.sparse_lr,
-        wide_lr=settings.wide_lr,
-        l2=settings.sparse_l2,
-        initial_accumulator=settings.initial_accumulator,
-        clip_ratio=settings.clip_ratio,
+    optim = settings.optim
+    sparse = SparseOptimConfig(
+        name=optim.sparse_optimizer,
+        lr=optim.sparse_lr,
+        wide_lr=optim.wide_lr,
+        l2=optim.sparse_l2,
+        initial_accumulator=optim.initial_accumulator,
+        clip_ratio=optim.clip_ratio,
     )
     return TableConfig(
         dim=model.row_dim,
         seed=settings.seed,
-        init_std=settings.init_std,
-        optim=optim,
-        min_count=settings.min_count,
-        admission_bytes=settings.admission_bytes,
+        init_std=optim.init_std,
+        optim=sparse,
+        min_count=settings.store.min_count,
+        admission_bytes=settings.store.admission_bytes,
     )
 
 
 def warmup_factor(settings: TrainerSettings, step: int) -> float:
     """The share of the dense learning rates at 1-based `step`: linear warm-up, then 1."""
-    if settings.warmup_steps <= 0:
-        return 1.0
-    return min(1.0, step / settings.warmup_steps)
+    warmup = settings.optim.warmup_steps
+    return 1.0 if warmup <= 0 else min(1.0, step / warmup)
 
 
 class Trainer:
@@ -166,7 +165,7 @@ class Trainer:
         return result
 
     def _set_lr(self) -> None:
-        if self.settings.warmup_steps:
+        if self.settings.optim.warmup_steps:
             for group in self.optimizer.param_groups:
                 group["lr"] = group.setdefault("base_lr", group["lr"]) * warmup_factor(self.settings, self.step)
 

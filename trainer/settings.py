@@ -1,95 +1,121 @@
-"""Trainer settings. Built by adstream/config.py from TOML or flags; unknown keys are errors there."""
+"""Trainer settings: one dataclass per concern, nested under [trainer] in the config.
+
+    [trainer]            the job: consumer group, batch size, device, metrics, threads
+    [trainer.model]      ModelSettings     the network (family, widths)
+    [trainer.optim]      OptimSettings     the dense and the sparse optimizer
+    [trainer.store]      StoreSettings     where the embedding rows live, budgets, admission
+    [trainer.snapshot]   SnapshotSettings  when and where snapshots are taken
+    [trainer.group]      GroupSettings     replicas and how often they merge
+
+Built by adstream/config.py from TOML or `--set trainer.optim.lr=0.01`; unknown keys are errors
+there, bad values here (each dataclass checks its own fields when it is built).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from adstream.checks import at_least, check_fields, one_of
 from store.sparse_optim import SPARSE_OPTIMIZERS
 from trainer.errors import TrainerError
 from trainer.model import MODEL_KINDS
 
 
 @dataclass(frozen=True)
-class TrainerSettings:
-    group_id: str = "adstream-trainer"  # Kafka consumer group on the batches topic
-    batch_size: int = 256  # events per train step (whole stream batches are never split); see the README
-    # --- the model -------------------------------------------------------------------------
-    model: str = "dcn"  # model family: "lr", "fm", "deepfm" or "dcn" (DCN-v2)
-    embed_dim: int = 8  # factor width per field
+class ModelSettings:
+    kind: str = one_of(MODEL_KINDS, "dcn")  # model family: "lr", "fm", "deepfm" or "dcn" (DCN-v2)
+    embed_dim: int = at_least(1, 8)  # factor width per field
     hidden: tuple[int, ...] = (128, 64)  # MLP widths (deepfm, dcn)
-    cross_layers: int = 2  # cross layers (dcn)
+    cross_layers: int = at_least(0, 2)  # cross layers (dcn)
     dense_norm: bool = True  # standardize the dense features by running mean / variance
-    # --- the dense optimizer (the network) -------------------------------------------------
-    optimizer: str = "adam"  # "adam" (Adagrad at wide_lr for the wide part), or "sgd" (plain SGD, for tests)
-    lr: float = 0.003  # learning rate of the dense network
-    warmup_steps: int = 0  # dense learning rate ramps up linearly over this many steps; 0 = none
-    # --- the sparse optimizer (the embedding rows, state stored in each row) ----------------
-    sparse_optimizer: str = "ftrl"  # "ftrl" (FTRL-Proximal), "adagrad", "adam" or "sgd"
-    sparse_lr: float = 0.05  # learning rate of the factor columns (FTRL: alpha)
-    wide_lr: float = (
-        0.05  # learning rate of the wide part: each id's first-order weight, the bias, the dense linear term
-    )
-    sparse_l2: float = 0.0  # L2 penalty on the rows a step touches
-    initial_accumulator: float = 0.0  # Adagrad / FTRL: start value of each squared-gradient sum (damps first steps)
-    init_std: float = 0.01  # std of a new row's initial vector
-    clip_ratio: float = 0.0  # CowClip r (large batches): id gradient norm <= count * max(r * |w|, 1e-5); 0 = off
-    min_count: int = 1  # batches an id must appear in before it gets its own row (before: its field's shared row)
-    admission_bytes: int = 16 << 20  # memory of the admission counters (count-min sketch), bytes
-    # --- where the rows live ---------------------------------------------------------------
-    seed: int = 0  # seeds the dense init and the embedding initializer
-    device: str = "cpu"  # where the model and the device tier live: "cpu" or "cuda[:N]"
-    store: str = "ram"  # embedding store: "ram" (one in-memory tier) or "tiered" (device -> RAM -> RocksDB)
-    ram_bytes: int = 2 << 30  # budget of the in-memory (RAM) tier, bytes
-    device_bytes: int = 256 << 20  # budget of the device tier (store = "tiered"), bytes
-    disk_bytes: int = 64 << 30  # budget of the RocksDB tier (store = "tiered"), bytes
-    store_path: str = ".state/rocksdb/trainer"  # RocksDB directory (store = "tiered")
-    eviction: str = "lru"  # eviction policy of the device and RAM tiers: "lru" or "lfu" (store = "tiered")
-    ttl_steps: int = 0  # drop embedding rows unseen for this many steps; 0 = never (store = "tiered")
-    snapshot_every_steps: int = 200  # take a snapshot after this many steps...
-    snapshot_every_s: float = 60.0  # ...or this many seconds, whichever comes first
-    snapshot_dir: str = ".state/snapshots"  # local folder for snapshots before upload
-    metrics_window: int = 10_000  # events in the sliding-window AUC/logloss
-    log_every_steps: int = 20  # MLflow metrics every this many steps
-    metrics_port: int = 0  # Prometheus endpoint; 0 = off
-    threads: int = 0  # torch threads; 0 = torch's default
-    workers: int = 1  # replicas `adstream train` starts (one process each; torchrun sets its own)
-    merge_every_steps: int = 16  # k: replicas average parameters and Adam moments every k steps; 0 = sync data parallel
-    merge_every_s: float = 0.0  # also merge after this many seconds since the last merge; 0 = only every k steps
-    max_restarts: int = 3  # the supervisor of `--workers N` restarts the whole group this often after a crash
-    idle_s: float = 1.0  # a replica with no full batch after this long learns what it has (or reports idle)
-    learn_log: str = ""  # folder for per-replica audit logs of the (partition, offset) records learned; "" = off
 
     def __post_init__(self) -> None:
-        choices = {
-            "optimizer": ("adam", "sgd"),
-            "sparse_optimizer": SPARSE_OPTIMIZERS,
-            "model": MODEL_KINDS,
-            "store": ("ram", "tiered"),
-            "eviction": ("lru", "lfu"),
-        }
-        for key, allowed in choices.items():
-            if getattr(self, key) not in allowed:
-                raise TrainerError(f"config trainer.{key}={getattr(self, key)!r}: use one of {list(allowed)}")
-        minimums = {
-            "merge_every_steps": 0,
-            "workers": 1,
-            "batch_size": 1,
-            "merge_every_s": 0,
-            "max_restarts": 0,
-            "min_count": 1,
-            "warmup_steps": 0,
-            "embed_dim": 1,
-            "clip_ratio": 0,
-            "sparse_l2": 0,
-        }
-        for key, least in minimums.items():
-            if getattr(self, key) < least:
-                raise TrainerError(f"config trainer.{key}={getattr(self, key)!r}: must be >= {least}")
-        if self.store == "ram" and (self.ttl_steps or self.eviction != "lru"):
+        check_fields(self, "trainer.model", TrainerError)
+
+
+@dataclass(frozen=True)
+class OptimSettings:
+    # the dense optimizer (the network)
+    optimizer: str = one_of(("adam", "sgd"), "adam")  # "adam" (Adagrad at wide_lr on the wide part) or "sgd" (tests)
+    lr: float = at_least(0, 0.003)  # learning rate of the dense network
+    warmup_steps: int = at_least(0, 0)  # dense learning rate ramps up linearly over this many steps; 0 = none
+    # the sparse optimizer (the embedding rows; its state is stored in each row)
+    sparse_optimizer: str = one_of(SPARSE_OPTIMIZERS, "ftrl")  # "ftrl" (FTRL-Proximal), "adagrad", "adam", "sgd"
+    sparse_lr: float = at_least(0, 0.05)  # learning rate of the factor columns (FTRL: alpha)
+    wide_lr: float = at_least(0, 0.05)  # rate of the wide part: ids' first-order weights, bias, dense linear term
+    sparse_l2: float = at_least(0, 0.0)  # L2 penalty on the rows a step touches
+    initial_accumulator: float = at_least(0, 0.0)  # Adagrad / FTRL: start of each squared-gradient sum
+    init_std: float = at_least(0, 0.01)  # std of a new row's initial vector
+    clip_ratio: float = at_least(0, 0.0)  # CowClip r: id grad norm <= count * max(r * |w|, 1e-5); 0 = off
+
+    def __post_init__(self) -> None:
+        check_fields(self, "trainer.optim", TrainerError)
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    kind: str = one_of(("ram", "tiered"), "ram")  # "ram" (one in-memory tier) or "tiered" (device -> RAM -> RocksDB)
+    ram_bytes: int = at_least(1, 2 << 30)  # budget of the in-memory (RAM) tier, bytes
+    device_bytes: int = at_least(1, 256 << 20)  # budget of the device tier (kind = "tiered"), bytes
+    disk_bytes: int = at_least(1, 64 << 30)  # budget of the RocksDB tier (kind = "tiered"), bytes
+    path: str = ".state/rocksdb/trainer"  # RocksDB directory (kind = "tiered")
+    eviction: str = one_of(("lru", "lfu"), "lru")  # eviction policy of the device and RAM tiers (kind = "tiered")
+    ttl_steps: int = at_least(0, 0)  # drop rows unseen for this many steps; 0 = never (kind = "tiered")
+    min_count: int = at_least(1, 1)  # batches an id must appear in before it gets its own row (before: a shared row)
+    admission_bytes: int = at_least(1, 16 << 20)  # memory of the admission counters (count-min sketch), bytes
+
+    def __post_init__(self) -> None:
+        check_fields(self, "trainer.store", TrainerError)
+        if self.kind == "ram" and (self.ttl_steps or self.eviction != "lru"):
             raise TrainerError(
-                f"config trainer.ttl_steps={self.ttl_steps} / trainer.eviction={self.eviction!r} act only on the "
-                'tiered store: set trainer.store = "tiered", or leave them at their defaults (0, "lru")'
+                f"config trainer.store.ttl_steps={self.ttl_steps} / trainer.store.eviction={self.eviction!r} act only "
+                'on the tiered store: set trainer.store.kind = "tiered", or leave them at their defaults (0, "lru")'
             )
+
+
+@dataclass(frozen=True)
+class SnapshotSettings:
+    every_steps: int = at_least(1, 200)  # take a snapshot after this many steps...
+    every_s: float = at_least(0, 60.0)  # ...or this many seconds, whichever comes first
+    dir: str = ".state/snapshots"  # local folder for snapshots before upload
+
+    def __post_init__(self) -> None:
+        check_fields(self, "trainer.snapshot", TrainerError)
+
+
+@dataclass(frozen=True)
+class GroupSettings:
+    workers: int = at_least(1, 1)  # replicas `adstream train` starts (one process each; torchrun sets its own)
+    merge_every_steps: int = at_least(0, 16)  # k: replicas average their models every k steps; 0 = sync data parallel
+    merge_every_s: float = at_least(0, 0.0)  # also merge this many seconds after the last merge; 0 = only every k steps
+    max_restarts: int = at_least(0, 3)  # the supervisor of `--workers N` restarts the whole group this often
+
+    def __post_init__(self) -> None:
+        check_fields(self, "trainer.group", TrainerError)
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    group_id: str = "adstream-trainer"  # Kafka consumer group on the batches topic
+    batch_size: int = at_least(1, 256)  # events per train step (whole stream batches are never split); see the README
+    seed: int = 0  # seeds the dense init and the embedding initializer
+    device: str = "cpu"  # where the model and the device tier live: "cpu" or "cuda[:N]"
+    threads: int = at_least(0, 0)  # torch threads; 0 = torch's default
+    idle_s: float = at_least(0, 1.0)  # with no full batch after this long, learn what there is (or report idle)
+    metrics_window: int = at_least(1, 10_000)  # events in the sliding-window AUC/logloss
+    log_every_steps: int = at_least(1, 20)  # MLflow metrics every this many steps
+    metrics_port: int = at_least(0, 0)  # Prometheus endpoint; 0 = off
+    learn_log: str = ""  # folder for per-replica audit logs of the (partition, offset) records learned; "" = off
+    model: ModelSettings = field(default_factory=ModelSettings)  # [trainer.model]
+    optim: OptimSettings = field(default_factory=OptimSettings)  # [trainer.optim]
+    store: StoreSettings = field(default_factory=StoreSettings)  # [trainer.store]
+    snapshot: SnapshotSettings = field(default_factory=SnapshotSettings)  # [trainer.snapshot]
+    group: GroupSettings = field(default_factory=GroupSettings)  # [trainer.group]
+
+    def __post_init__(self) -> None:
+        check_fields(self, "trainer", TrainerError)
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise TrainerError(f"config trainer.device={self.device!r}: use 'cpu', 'cuda' or 'cuda:N'")
 
 
 @dataclass(frozen=True)
@@ -98,3 +124,7 @@ class MlflowSettings:
     experiment: str = "adstream"  # experiment of training runs
     model_name: str = "adstream-ctr"  # registered model name
     alias: str = "live"  # alias set on each new version ("latest" is reserved by MLflow)
+
+    def __post_init__(self) -> None:
+        if self.alias == "latest" or not self.alias:
+            raise TrainerError(f"config mlflow.alias={self.alias!r}: 'latest' is reserved by MLflow; use e.g. 'live'")

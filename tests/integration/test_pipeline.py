@@ -9,6 +9,7 @@ from dataclasses import replace
 import httpx
 import numpy as np
 
+from adstream.checks import with_changes
 from adstream.demo import wait_for_model
 from store.ram import RamTier
 from store.table import EmbeddingTable, TableConfig
@@ -82,7 +83,9 @@ def test_synthetic_stream_end_to_end(isolated, tmp_path):
     generator = SyntheticCriteo(schema)
     events, truth = generator.generate(n)
     labels = np.array([e["label"] for e in events])
-    config = replace(isolated, trainer=replace(isolated.trainer, metrics_window=30_000, snapshot_every_steps=60))
+    config = replace(
+        isolated, trainer=with_changes(isolated.trainer, {"metrics_window": 30_000, "snapshot.every_steps": 60})
+    )
     summary = train_through_stack(config, tmp_path, synthetic_records(events, schema), n)
     # Progressive AUC of the last 30k events against the best reachable AUC on those same events.
     best = auc_exact(labels[-30_000:], truth[-30_000:])

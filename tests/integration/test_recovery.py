@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from adstream.checks import with_changes
 from adstream.config import Config
 from stream.batch_codec import encode_batch
 from stream.featurize import featurize_records
@@ -54,20 +55,22 @@ def produce_batches(config: Config) -> set[tuple[int, int]]:
 
 
 def job_config(config: Config, tmp_path: Path, name: str) -> Config:
-    trainer = replace(
+    trainer = with_changes(
         config.trainer,
-        group_id=f"{config.trainer.group_id}-{name}",
-        snapshot_dir=str(tmp_path / name / "snapshots"),
-        learn_log=str(tmp_path / name / "learned"),
-        batch_size=EVENTS_PER_RECORD,
-        embed_dim=4,
-        hidden=(16,),
-        threads=1,
-        merge_every_steps=3,
-        snapshot_every_steps=6,
-        snapshot_every_s=3600.0,
-        workers=2,
-        max_restarts=2,
+        {
+            "group_id": f"{config.trainer.group_id}-{name}",
+            "learn_log": str(tmp_path / name / "learned"),
+            "batch_size": EVENTS_PER_RECORD,
+            "threads": 1,
+            "model.embed_dim": 4,
+            "model.hidden": (16,),
+            "snapshot.dir": str(tmp_path / name / "snapshots"),
+            "snapshot.every_steps": 6,
+            "snapshot.every_s": 3600.0,
+            "group.merge_every_steps": 3,
+            "group.workers": 2,
+            "group.max_restarts": 2,
+        },
     )
     return replace(config, trainer=trainer)
 
@@ -91,7 +94,7 @@ def final_model(snapshots: Path) -> dict[str, np.ndarray]:
 def run_job(config: Config, tmp_path: Path, name: str, kill: bool) -> tuple[subprocess.Popen[bytes], Path]:
     proc, log = start_cli(config, tmp_path / name, "train", "--idle-exit", "4")
     if kill:  # SIGKILL one replica at a random point after the first snapshot, while records remain
-        snapshots = Path(config.trainer.snapshot_dir)
+        snapshots = Path(config.trainer.snapshot.dir)
         deadline = time.monotonic() + 120
         while latest_snapshot(snapshots) is None and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -130,12 +133,12 @@ def test_killed_replica_resumes_from_the_snapshot_with_no_record_lost(isolated: 
     assert not again & before_snapshot  # nothing the snapshot holds is learned twice
     assert again == {(p, o) for p, o, s, _ in first if s > resumed_step}  # what came after it is relearned
 
-    ref, got = final_model(Path(reference.trainer.snapshot_dir)), final_model(Path(killed.trainer.snapshot_dir))
+    ref, got = final_model(Path(reference.trainer.snapshot.dir)), final_model(Path(killed.trainer.snapshot.dir))
     assert ref.keys() == got.keys()
     for key in ref:
         np.testing.assert_allclose(got[key], ref[key], atol=1e-6, err_msg=key)
-    final = latest_snapshot(Path(killed.trainer.snapshot_dir))
-    assert final is not None and final.name == latest_snapshot(Path(reference.trainer.snapshot_dir)).name
+    final = latest_snapshot(Path(killed.trainer.snapshot.dir))
+    assert final is not None and final.name == latest_snapshot(Path(reference.trainer.snapshot.dir)).name
 
     # the merged model is what the registry serves: the alias points at the final snapshot
     from mlflow import MlflowClient

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from adstream.checks import with_changes
 from adstream.config import Config
 from stream.schema import load_schema
 from trainer.group import launch_local
@@ -27,7 +28,9 @@ def test_replicas_merge_on_a_timer_and_commit_every_partition(isolated: Config, 
     produce_batches(isolated)
     config = job_config(isolated, tmp_path, "timer")
     # k far beyond the stream: every merge but the final one is triggered by the clock
-    config = replace(config, trainer=replace(config.trainer, merge_every_steps=10_000, merge_every_s=0.2))
+    config = replace(
+        config, trainer=with_changes(config.trainer, {"group.merge_every_steps": 10_000, "group.merge_every_s": 0.2})
+    )
     first, second = launch_local(replica, 2, config, timeout_s=300)
     assert first.steps == second.steps == RECORDS_PER_PARTITION
     assert first.events == 2 * RECORDS_PER_PARTITION * 64
