@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from adstream.checks import at_least, check_fields, one_of
 from store.errors import StoreError
 from store.ram import RamTier
 from store.rocks import RocksTier
@@ -38,15 +39,16 @@ class HierarchyConfig:
     disk_bytes: int  # budget of the RocksDB tier
     path: str  # RocksDB directory (placement.py picks one per GPU on its NUMA node's storage)
     device: str = "cpu"  # "cuda:0" puts the device tier in HBM
-    policy: str = "lru"  # eviction policy of the device and RAM tiers: "lru" or "lfu"
+    policy: str = one_of(("lru", "lfu"), "lru")  # eviction policy of the device and RAM tiers
     ttl_steps: int = 0  # drop rows unseen for this many steps; 0 = never
-    evict_slack: float = 0.05  # evict this fraction of a tier's capacity extra, to evict less often
+    evict_slack: float = at_least(0, 0.05)  # evict this fraction of a tier's capacity extra, to evict less often
+
+    def __post_init__(self) -> None:
+        check_fields(self, "HierarchyConfig", StoreError)
 
 
 class TieredStore:
     def __init__(self, width: int, config: HierarchyConfig) -> None:
-        if config.policy not in ("lru", "lfu"):
-            raise StoreError(f"hierarchy: policy={config.policy!r}; use 'lru' or 'lfu'")
         self.width = width
         self.config = config
         self.capacity_bytes = config.disk_bytes

@@ -24,12 +24,15 @@ from dataclasses import dataclass
 
 import torch
 
+from adstream.checks import check_fields, one_of
+from store.errors import StoreError
+
 SPARSE_OPTIMIZERS = ("ftrl", "adagrad", "adam", "sgd")
 
 
 @dataclass(frozen=True)
 class SparseOptimConfig:
-    name: str = "ftrl"  # one of SPARSE_OPTIMIZERS
+    name: str = one_of(SPARSE_OPTIMIZERS, "ftrl")  # the rule
     lr: float = 0.05  # learning rate of the vector's columns (FTRL: alpha)
     wide_lr: float = 0.0  # learning rate of the vector's last column; 0 = the same as lr
     l2: float = 0.0  # L2 penalty on the touched rows (lazy: applied when a row is updated)
@@ -43,8 +46,7 @@ class SparseOptimConfig:
     clip_floor: float = 1e-5  # CowClip zeta: the smallest clipping threshold per occurrence
 
     def __post_init__(self) -> None:
-        if self.name not in SPARSE_OPTIMIZERS:
-            raise ValueError(f"sparse optimizer {self.name!r}; use one of {list(SPARSE_OPTIMIZERS)}")
+        check_fields(self, "SparseOptimConfig", StoreError)
 
 
 def column_lr(cfg: SparseOptimConfig, dim: int, device: torch.device | str = "cpu") -> torch.Tensor:

@@ -70,97 +70,111 @@ def _whole(record: RawRecord, schema: Schema, reason: str) -> tuple[FeatureBatch
     return featurize([], schema), [Rejected(record.partition, record.offset, record.value, reason)]
 
 
-def featurize_arrow_bundle(record: RawRecord, schema: Schema) -> tuple[FeatureBatch, list[Rejected]]:
-    try:
-        table = pa.ipc.open_stream(pa.py_buffer(record.value)).read_all().combine_chunks()
-    except pa.ArrowInvalid as exc:
-        return _whole(record, schema, f"record: not a readable Arrow bundle ({exc})")
-    names = set(table.column_names)
-    for name in (schema.event_id, schema.timestamp, schema.label, *schema.integer_fields, *schema.categorical_fields):
-        if name not in names:
-            return _whole(
-                record, schema, rules.reason(name, f"{rules.MISSING_FIELD} (no such column in the Arrow bundle)")
-            )
-    n = table.num_rows
-    bad_reason: list[str | None] = [None] * n
+class _Reasons:
+    """The first broken rule of each row (None: the row is good)."""
 
-    def flag(mask: np.ndarray, reason: str) -> None:
+    def __init__(self, n: int) -> None:
+        self.of_row: list[str | None] = [None] * n
+
+    def flag(self, mask: np.ndarray, reason: str) -> None:
         for i in np.nonzero(mask)[0]:
-            if bad_reason[i] is None:
-                bad_reason[i] = reason
+            if self.of_row[i] is None:
+                self.of_row[i] = reason
 
-    def ints_of(name: str) -> tuple[np.ndarray, np.ndarray] | str:
-        column = table.column(name).chunk(0) if n else pa.array([], pa.int64())
-        if not pa.types.is_integer(column.type) and not pa.types.is_null(column.type):
-            return f"{name}: column type {column.type}, expected integers"
-        column = column.cast(pa.int64())
-        return pc.fill_null(column, 0).to_numpy(zero_copy_only=False), column.is_null().to_numpy(zero_copy_only=False)
+    def good(self) -> np.ndarray:
+        return np.array([r is None for r in self.of_row], dtype=bool)
 
-    scalars = {}
-    for name in (schema.timestamp, schema.label, *schema.integer_fields):
-        result = ints_of(name)
-        if isinstance(result, str):
-            return _whole(record, schema, result)
-        scalars[name] = result
-    # the rules of rules.py, in the order decode.py checks them (the first broken rule is the reason)
-    ids_col = table.column(schema.event_id).chunk(0)
-    if not (pa.types.is_integer(ids_col.type) or pa.types.is_string(ids_col.type) or pa.types.is_null(ids_col.type)):
-        return _whole(record, schema, f"{schema.event_id}: column type {ids_col.type}, expected strings or integers")
-    event_ids = ids_col.cast(pa.string()).to_pylist()
-    flag(np.array([not e for e in event_ids], dtype=bool), rules.reason(schema.event_id, rules.EVENT_ID))
-    ts, ts_null = scalars[schema.timestamp]
-    flag(rules.bad_timestamps(ts, ts_null), rules.reason(schema.timestamp, rules.TIMESTAMP))
-    label, label_null = scalars[schema.label]
-    flag(label_null, rules.reason(schema.label, rules.LABEL_MISSING))
-    flag(rules.bad_labels(label), rules.reason(schema.label, rules.LABEL))
-    for name in schema.integer_fields:
-        values, null = scalars[name]
-        flag(~null & rules.integers_out_of_range(values), rules.reason(name, rules.INTEGER_RANGE))
-    ints = (
-        np.stack([scalars[f][0] for f in schema.integer_fields], axis=1)
-        if schema.integer_fields
-        else np.zeros((n, 0), np.int64)
-    )
-    int_missing = (
-        np.stack([scalars[f][1] for f in schema.integer_fields], axis=1)
-        if schema.integer_fields
-        else np.zeros((n, 0), bool)
-    )
+
+def _integer_column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray] | str:
+    """An integer column -> (values int64 (n,) with 0 for null, null bool (n,)), or why it is not one."""
+    column = table.column(name).chunk(0) if table.num_rows else pa.array([], pa.int64())
+    if not pa.types.is_integer(column.type) and not pa.types.is_null(column.type):
+        return f"{name}: column type {column.type}, expected integers"
+    column = column.cast(pa.int64())
+    return pc.fill_null(column, 0).to_numpy(zero_copy_only=False), column.is_null().to_numpy(zero_copy_only=False)
+
+
+def _string_columns(table: pa.Table, names: Sequence[str]) -> list[pa.Array] | str:
     columns = []
-    for name in schema.categorical_fields:
+    for name in names:
         column = table.column(name).chunk(0)
         if not (
             pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or pa.types.is_null(column.type)
         ):
-            return _whole(record, schema, f"{name}: column type {column.type}, expected strings")
+            return f"{name}: column type {kind}, expected strings"
         columns.append(column.cast(pa.string()))
+    return columns
+
+
+def _categories(columns: list[pa.Array], n: int, schema: Schema, reasons: _Reasons) -> tuple[np.ndarray, np.ndarray]:
+    """Category columns -> (values int64 (n, C), missing bool (n, C)), flagging the rows that break a rule."""
     c = len(columns)
-    if c:
-        lengths = pc.fill_null(pc.utf8_length(pa.concat_arrays(columns)), 0).to_numpy(zero_copy_only=False)
-        too_long = lengths.reshape(c, n).T > rules.MAX_CATEGORY_CHARS
-    if c and schema.categorical_encoding == "hex32":
-        # all category columns in one pass: the per-call overhead of pyarrow compute dominates otherwise
-        values, missing, bad = (a.reshape(c, n).T for a in _hex_values(pa.concat_arrays(columns)))
-        for f in range(c):
-            flag(too_long[:, f], rules.reason(schema.categorical_fields[f], rules.CATEGORY_LONG))
-            flag(bad[:, f], rules.reason(schema.categorical_fields[f], rules.CATEGORY_HEX))
-        cats, cmiss = values, missing
-    elif c:
-        for f in range(c):
-            flag(too_long[:, f], rules.reason(schema.categorical_fields[f], rules.CATEGORY_LONG))
+    if not c:
+        return np.zeros((n, 0), np.int64), np.zeros((n, 0), bool)
+    joined = pa.concat_arrays(columns)  # all columns in one pass: pyarrow's per-call overhead dominates otherwise
+    too_long = pc.fill_null(pc.utf8_length(joined), 0).to_numpy(zero_copy_only=False).reshape(c, n).T
+    too_long = too_long > rules.MAX_CATEGORY_CHARS
+    if schema.categorical_encoding == "hex32":
+        values, missing, bad = (a.reshape(c, n).T for a in _hex_values(joined))
+    else:
         raw = [column.to_pylist() for column in columns]
-        cmiss = np.array([[not v for v in col] for col in raw], dtype=bool).T.reshape(n, c)
-        cats = np.array(
+        missing = np.array([[not v for v in col] for col in raw], dtype=bool).T.reshape(n, c)
+        values = np.array(
             [[string_id(schema.num_dense + f, v) if v else 0 for v in col] for f, col in enumerate(raw)], dtype=np.int64
         ).T.reshape(n, c)
-    else:
-        cats, cmiss = np.zeros((n, 0), np.int64), np.zeros((n, 0), bool)
-    ok = np.array([r is None for r in bad_reason], dtype=bool)
+        bad = np.zeros((n, c), dtype=bool)
+    for f, name in enumerate(schema.categorical_fields):
+        reasons.flag(too_long[:, f], rules.reason(name, rules.CATEGORY_LONG))
+        reasons.flag(bad[:, f], rules.reason(name, rules.CATEGORY_HEX))
+    return values, missing
+
+
+def featurize_arrow_bundle(record: RawRecord, schema: Schema) -> tuple[FeatureBatch, list[Rejected]]:
+    """One Arrow bundle -> its good rows featurized + a Rejected per bad row (or one for a bad bundle)."""
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(record.value)).read_all().combine_chunks()
+    except pa.ArrowInvalid as exc:
+        return _whole(record, schema, f"record: not a readable Arrow bundle ({exc})")
+    for name in (schema.event_id, schema.timestamp, schema.label, *schema.integer_fields, *schema.categorical_fields):
+        if name not in table.column_names:
+            return _whole(
+                record, schema, rules.reason(name, f"{rules.MISSING_FIELD} (no such column in the Arrow bundle)")
+            )
+    n = table.num_rows
+    scalars = {}
+    for name in (schema.timestamp, schema.label, *schema.integer_fields):
+        result = _integer_column(table, name)
+        if isinstance(result, str):
+            return _whole(record, schema, result)
+        scalars[name] = result
+    ids_col = table.column(schema.event_id).chunk(0)
+    if not (pa.types.is_integer(ids_col.type) or pa.types.is_string(ids_col.type) or pa.types.is_null(ids_col.type)):
+        return _whole(record, schema, f"{schema.event_id}: column type {ids_col.type}, expected strings or integers")
+    columns = _string_columns(table, schema.categorical_fields)
+    if isinstance(columns, str):
+        return _whole(record, schema, columns)
+    # the rules of rules.py, in the order decode.py checks them (the first broken rule is the reason)
+    reasons = _Reasons(n)
+    event_ids = ids_col.cast(pa.string()).to_pylist()
+    reasons.flag(np.array([not e for e in event_ids], dtype=bool), rules.reason(schema.event_id, rules.EVENT_ID))
+    ts, ts_null = scalars[schema.timestamp]
+    reasons.flag(rules.bad_timestamps(ts, ts_null), rules.reason(schema.timestamp, rules.TIMESTAMP))
+    label, label_null = scalars[schema.label]
+    reasons.flag(label_null, rules.reason(schema.label, rules.LABEL_MISSING))
+    reasons.flag(rules.bad_labels(label), rules.reason(schema.label, rules.LABEL))
+    for name in schema.integer_fields:
+        values, null = scalars[name]
+        reasons.flag(~null & rules.integers_out_of_range(values), rules.reason(name, rules.INTEGER_RANGE))
+    d = len(schema.integer_fields)
+    ints = np.stack([scalars[f][0] for f in schema.integer_fields], axis=1) if d else np.zeros((n, 0), np.int64)
+    int_missing = np.stack([scalars[f][1] for f in schema.integer_fields], axis=1) if d else np.zeros((n, 0), bool)
+    cats, cmiss = _categories(columns, n, schema, reasons)
+    ok = reasons.good()
     rejected = []
     if not ok.all():
         rows = table.to_pylist()
         for i in np.nonzero(~ok)[0]:
-            rejected.append(Rejected(record.partition, record.offset, orjson.dumps(rows[i]), str(bad_reason[i])))
+            rejected.append(Rejected(record.partition, record.offset, orjson.dumps(rows[i]), str(reasons.of_row[i])))
     ids, dense = features_from_columns(ints[ok], int_missing[ok], cats[ok], cmiss[ok], schema)
     m = int(ok.sum())
     batch = FeatureBatch(

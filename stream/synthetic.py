@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stream.errors import StreamError
 from stream.schema import Schema
 
 
@@ -37,7 +38,9 @@ class SyntheticCriteo:
 
     def __init__(self, schema: Schema, config: SyntheticConfig = SyntheticConfig()) -> None:
         if schema.categorical_encoding != "hex32":
-            raise ValueError(f"synthetic: schema {schema.name} must use hex32 categories")
+            raise StreamError(
+                f'synthetic: schema {schema.name} must use hex32 categories (categorical_encoding = "hex32")'
+            )
         self.schema = schema
         self.config = config
         rng = np.random.default_rng(config.seed)

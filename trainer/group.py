@@ -161,3 +161,30 @@ def supervise(argv: Sequence[str], workers: int, max_restarts: int, poll_s: floa
             return 1
         attempt += 1
         print(f"supervisor: replica {failed.pid} exited ({failed.returncode}); restart {attempt}", file=sys.stderr)
+
+
+class Control:
+    """The per-round agreement: a sum over replicas of a few numbers (a no-op alone)."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+
+    def sum(self, values: list[float]) -> list[float]:
+        if self.world == 1:
+            return values
+        from trainer.merge import comm_device
+
+        t = torch.tensor(values, dtype=torch.float64, device=comm_device())
+        dist.all_reduce(t)
+        return t.cpu().tolist()
+
+    def gather(self, obj: Any) -> list[Any]:
+        if self.world == 1:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()

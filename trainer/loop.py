@@ -21,7 +21,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -30,8 +30,7 @@ from prometheus_client import Gauge, start_http_server
 from adstream.checks import flat_fields
 from stream.schema import Schema
 from stream.settings import KafkaSettings
-from trainer.batch import Batch
-from trainer.group import join_group, leave_group
+from trainer.group import Control, join_group, leave_group
 from trainer.metrics import merged_summary
 from trainer.replica import Trainer, store_path
 from trainer.schedule import LoopState, Round, Schedule, decide
@@ -39,8 +38,9 @@ from trainer.settings import MlflowSettings, TrainerSettings
 from trainer.snapshot import latest_snapshot
 
 if TYPE_CHECKING:
+    from trainer.batch import Batch
     from trainer.publish import Publisher
-    from trainer.source import BatchSource
+    from trainer.source import BatchSource, LearnLog
 
 log = logging.getLogger("adstream.trainer")
 AUC = Gauge("adstream_trainer_progressive_auc", "cumulative progressive AUC over every replica")
@@ -69,53 +69,6 @@ class TrainSummary:
     merges: int = 0
     merge_bytes: int = 0  # payload all replicas sent to merge (or to sync, when merge_every_steps = 0)
     resumed_from: str | None = None
-
-
-class Control:
-    """The per-round agreement: a sum over replicas of a few numbers (a no-op alone)."""
-
-    def __init__(self, world: int) -> None:
-        self.world = world
-
-    def sum(self, values: list[float]) -> list[float]:
-        if self.world == 1:
-            return values
-        from trainer.merge import comm_device
-
-        t = torch.tensor(values, dtype=torch.float64, device=comm_device())
-        dist.all_reduce(t)
-        return t.cpu().tolist()
-
-    def gather(self, obj: Any) -> list[Any]:
-        if self.world == 1:
-            return [obj]
-        out: list[Any] = [None] * self.world
-        dist.all_gather_object(out, obj)
-        return out
-
-    def barrier(self) -> None:
-        if self.world > 1:
-            dist.barrier()
-
-
-class LearnLog:
-    """Audit log of the Kafka records a replica learned: `partition offset step attempt` per line."""
-
-    def __init__(self, folder: str, rank: int) -> None:
-        self.file = None
-        if folder:
-            Path(folder).mkdir(parents=True, exist_ok=True)
-            self.file = open(Path(folder) / f"rank{rank}.tsv", "a")  # noqa: SIM115 (closed by close())
-        self.attempt = os.environ.get("ADSTREAM_ATTEMPT", "0")
-
-    def write(self, batch: Batch, step: int) -> None:
-        if self.file:
-            self.file.write("".join(f"{p}\t{o}\t{step}\t{self.attempt}\n" for p, o in batch.records))
-            self.file.flush()  # in the OS's hands: survives a SIGKILL of this process
-
-    def close(self) -> None:
-        if self.file:
-            self.file.close()
 
 
 def run_training(
@@ -154,25 +107,12 @@ def _run(
     from rich.progress import Progress, TextColumn, TimeElapsedColumn
 
     from trainer.publish import Publisher
-    from trainer.source import BatchSource
+    from trainer.source import BatchSource, LearnLog
 
-    if settings.metrics_port:
-        start_http_server(settings.metrics_port + rank)
-    if settings.device.startswith("cuda"):
-        _pin_to_gpu_numa_node(settings.device)
-    if settings.store.kind == "tiered":  # the snapshot is the truth; rows on disk may be newer than it
-        shutil.rmtree(store_path(settings, rank), ignore_errors=True)
+    _prepare_process(settings, rank)
     control = Control(world)
     trainer = Trainer(schema, settings)
-    resumed = latest_snapshot(settings.snapshot.dir)
-    run_id = None
-    state = LoopState()
-    if resumed is not None:
-        manifest = trainer.restore(resumed)
-        state = LoopState(events=manifest.events)
-        trainer.events = manifest.events if rank == 0 else 0  # rank 0 carries the job's count
-        run_id = str(manifest.extra.get("mlflow_run_id") or "") or None
-        log.warning("replica %d resumes from %s (step %d)", rank, resumed, trainer.step)
+    resumed, state, run_id = _resume(trainer, settings, rank)
     publisher = None
     if rank == 0:
         params = {**flat_fields(settings), "schema_hash": schema.hash, "max_events": max_events, "workers": world}
@@ -205,13 +145,7 @@ def _run(
                 )
                 state, act = decide(state, Round.from_sum(control.sum(mine)), schedule)
                 if act.learn:
-                    if k == 0:
-                        trainer.learn_sync(batch)  # every replica, with or without a batch
-                    elif batch is not None:
-                        trainer.learn(batch)
-                    if batch is not None:
-                        batches_built += batch.parts
-                        learn_log.write(batch, trainer.step)
+                    batches_built += _learn(trainer, batch, k, learn_log)
                 if act.merge:
                     _merge(trainer)
                 if act.sync:
@@ -236,7 +170,6 @@ def _run(
         source.close()
         learn_log.close()
     wall = time.perf_counter() - started
-    merge_bytes = int(sum(control.gather(trainer.bytes_sent)))
     window = trainer.metrics.summary()
     return TrainSummary(
         steps=trainer.step,
@@ -251,9 +184,43 @@ def _run(
         samples_per_s=(state.events - start_events) / wall if wall else 0.0,
         workers=world,
         merges=trainer.merges,
-        merge_bytes=merge_bytes,
+        merge_bytes=int(sum(control.gather(trainer.bytes_sent))),
         resumed_from=str(resumed) if resumed else None,
     )
+
+
+def _learn(trainer: Trainer, batch: Batch | None, k: int, learn_log: LearnLog) -> int:
+    """This replica's part of a learning round; returns the stream batches it learned."""
+    if k == 0:
+        trainer.learn_sync(batch)  # synchronous data parallel: every replica steps, with or without a batch
+    elif batch is not None:
+        trainer.learn(batch)
+    if batch is None:
+        return 0
+    learn_log.write(batch, trainer.step)
+    return batch.parts
+
+
+def _prepare_process(settings: TrainerSettings, rank: int) -> None:
+    """Metrics endpoint, NUMA pinning, and a clean RocksDB folder (the snapshot is the truth; rows
+    on disk may be newer than it)."""
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port + rank)
+    if settings.device.startswith("cuda"):
+        _pin_to_gpu_numa_node(settings.device)
+    if settings.store.kind == "tiered":
+        shutil.rmtree(store_path(settings, rank), ignore_errors=True)
+
+
+def _resume(trainer: Trainer, settings: TrainerSettings, rank: int) -> tuple[Path | None, LoopState, str | None]:
+    """Restore the newest complete snapshot, if any: (its path, the loop's counters, its MLflow run)."""
+    resumed = latest_snapshot(settings.snapshot.dir)
+    if resumed is None:
+        return None, LoopState(), None
+    manifest = trainer.restore(resumed)
+    trainer.events = manifest.events if rank == 0 else 0  # rank 0 carries the job's count
+    log.warning("replica %d resumes from %s (step %d)", rank, resumed, trainer.step)
+    return resumed, LoopState(events=manifest.events), str(manifest.extra.get("mlflow_run_id") or "") or None
 
 
 def _pin_to_gpu_numa_node(device: str) -> None:

@@ -22,6 +22,9 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from adstream.checks import check_fields, one_of
+from trainer.errors import TrainerError
+
 MODEL_KINDS = ("lr", "fm", "deepfm", "dcn")
 
 
@@ -32,13 +35,12 @@ class ModelConfig:
     embed_dim: int = 8  # E: factor width; store rows are E + 1 wide (factor + linear weight)
     hidden: tuple[int, ...] = (128, 64)  # MLP layer widths (deepfm, dcn)
     seed: int = 0  # seed of the dense initialization
-    kind: str = "deepfm"  # one of MODEL_KINDS
+    kind: str = one_of(MODEL_KINDS, "deepfm")  # the family
     cross_layers: int = 2  # cross layers (dcn)
     dense_norm: bool = True  # standardize dense features by running mean / variance
 
     def __post_init__(self) -> None:
-        if self.kind not in MODEL_KINDS:
-            raise ValueError(f"model kind {self.kind!r}; use one of {list(MODEL_KINDS)}")
+        check_fields(self, "ModelConfig", TrainerError)
 
     @property
     def row_dim(self) -> int:

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainer.errors import TrainerError
+
 RULES = ("adam", "adagrad")
 
 
@@ -29,7 +31,7 @@ class WideDeepOptimizer(torch.optim.Optimizer):
         super().__init__(list(groups), {"lr": 1e-3, "rule": "adam", "betas": betas})
         for group in self.param_groups:
             if group["rule"] not in RULES:
-                raise ValueError(f"optimizer rule {group['rule']!r}; use one of {list(RULES)}")
+                raise TrainerError(f"WideDeepOptimizer: param group rule {group['rule']!r}; use one of {list(RULES)}")
 
     def init_state(self) -> None:
         """Give every parameter its (zero) state, so replicas that have not stepped yet can merge."""

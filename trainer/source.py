@@ -10,8 +10,10 @@ loop calls after the snapshot holding them is durable.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 from stream.batch_codec import decode_batch
 from stream.errors import StreamError
@@ -153,3 +155,23 @@ class BatchSource:
 
     def close(self) -> None:
         self.consumer.close()
+
+
+class LearnLog:
+    """Audit log of the Kafka records a replica learned: `partition offset step attempt` per line."""
+
+    def __init__(self, folder: str, rank: int) -> None:
+        self.file = None
+        if folder:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            self.file = open(Path(folder) / f"rank{rank}.tsv", "a")  # noqa: SIM115 (closed by close())
+        self.attempt = os.environ.get("ADSTREAM_ATTEMPT", "0")
+
+    def write(self, batch: Batch, step: int) -> None:
+        if self.file:
+            self.file.write("".join(f"{p}\t{o}\t{step}\t{self.attempt}\n" for p, o in batch.records))
+            self.file.flush()  # in the OS's hands: survives a SIGKILL of this process
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()

@@ -1,0 +1,236 @@
+"""What each `adstream` subcommand does: build the config from the flags, then call into the packages.
+
+cli.py declares the flags and dispatches here; every function takes the parsed argparse namespace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, replace
+from typing import Any
+
+from adstream.config import Config, load_config
+from adstream.errors import CliError
+
+
+def _config(args: argparse.Namespace) -> Config:
+    config = load_config(args.config, args.set)
+    stack = config.stack
+    if getattr(args, "state_dir", None):
+        stack = replace(stack, state_dir=args.state_dir)
+    if getattr(args, "kafka_port", None):
+        stack = replace(stack, kafka_port=args.kafka_port, controller_port=args.kafka_port + 1)
+    if getattr(args, "mlflow_port", None):
+        stack = replace(stack, mlflow_port=args.mlflow_port)
+    if stack != config.stack:  # re-derive bootstrap/tracking uri from the new ports
+        extra = [f"stack.{k}={v}" for k, v in asdict(stack).items()]
+        config = load_config(args.config, [*args.set, *extra])
+    if getattr(args, "partitions", None):
+        config = replace(config, kafka=replace(config.kafka, partitions=args.partitions))
+    return config
+
+
+def cmd_up(args: argparse.Namespace) -> None:
+    from adstream import stack
+    from stream.topics import ensure_topics
+
+    config = _config(args)
+    stack.up(config.stack, config.kafka)
+    created = ensure_topics(config.kafka)
+    print(f"kafka  {config.stack.bootstrap}  topics created: {created or 'none (already there)'}")
+    print(f"mlflow {config.stack.tracking_uri}  (the UI)")
+    print(f"state  {config.stack.state_dir}")
+
+
+def cmd_down(args: argparse.Namespace) -> None:
+    from adstream import stack
+
+    stopped = stack.down(_config(args).stack)
+    print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+
+
+def cmd_status(args: argparse.Namespace) -> None:
+    from adstream import stack
+
+    report = stack.status(_config(args).stack)
+    for name, item in report.items():
+        print(f"{name:7s} {'up  ' if item['up'] else 'down'} {item['address']}  pid {item['pid']}  log {item['log']}")
+    if not all(item["up"] for item in report.values()):
+        sys.exit(1)
+
+
+def cmd_replay(args: argparse.Namespace) -> None:
+    from stream.replay import criteo_records, replay, synthetic_records
+    from stream.schema import load_schema
+    from stream.synthetic import SyntheticConfig, SyntheticCriteo
+    from stream.topics import ensure_topics
+
+    config = _config(args)
+    schema = load_schema(config.stream.schema)
+    ensure_topics(config.kafka)
+    if args.synthetic:
+        generator = SyntheticCriteo(schema, SyntheticConfig(seed=args.seed, drift_per_million=args.drift))
+
+        def chunks() -> Any:
+            left = args.synthetic
+            while left > 0:
+                events, _ = generator.generate(min(left, 10_000))
+                left -= len(events)
+                yield from synthetic_records(events, schema, args.bundle, args.bundle_format)
+
+        records, total = chunks(), args.synthetic
+    elif args.paths:
+        records, total = criteo_records(args.paths, schema, args.loop, args.bundle, args.bundle_format), None
+    else:
+        raise CliError("replay: give Criteo TSV file(s) or --synthetic N")
+    summary = replay(records, config.kafka, rate=args.rate, limit=args.limit, total=total)
+    print(json.dumps(asdict(summary)))
+
+
+def cmd_stream(args: argparse.Namespace) -> None:
+    from stream.app import run_worker
+
+    config = _config(args)
+    run_worker(config.kafka, config.stream, loglevel=args.loglevel)
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    import os
+
+    from stream.schema import load_schema
+    from trainer.loop import run_training
+
+    config = _config(args)
+    workers = args.workers or config.trainer.group.workers
+    if workers < 1:
+        raise CliError(f"train --workers {workers}: use 1 or more replicas")
+    if workers > 1 and "WORLD_SIZE" not in os.environ:  # supervise N replicas (torchrun sets WORLD_SIZE itself)
+        from trainer.group import supervise
+
+        code = supervise(args.argv, workers, config.trainer.group.max_restarts)
+        if code:
+            raise CliError(f"train: the replica group failed (exit {code}); see the log above")
+        return
+    summary = run_training(
+        load_schema(config.stream.schema),
+        config.kafka,
+        config.trainer,
+        config.mlflow,
+        max_steps=args.max_steps,
+        max_events=args.max_events,
+        idle_exit_s=args.idle_exit,
+    )
+    print(json.dumps(asdict(summary)))
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from serving.app import create_app, registry_fetch
+    from stream.schema import load_schema
+
+    config = _config(args)
+    serving = config.serving
+    if args.port:
+        serving = replace(serving, port=args.port)
+    if args.alias:
+        serving = replace(serving, alias=args.alias)
+    schema = load_schema(config.stream.schema)
+    fetch = registry_fetch(config.mlflow.tracking_uri, config.mlflow.model_name, serving, schema)
+    app = create_app(serving, schema, fetch)
+    uvicorn.run(app, host=serving.host, port=serving.port, log_level="warning")
+
+
+def cmd_predict(args: argparse.Namespace) -> None:
+    import httpx
+
+    config = _config(args)
+    text = sys.stdin.read() if args.event == "-" else args.event
+    url = args.url or f"http://{config.serving.host}:{config.serving.port}"
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"predict: the event is not valid JSON ({exc})") from None
+    response = httpx.post(f"{url}/predict", json=body, timeout=10)
+    print(json.dumps(response.json(), indent=2))
+    if response.status_code != 200:
+        sys.exit(1)
+
+
+def cmd_topology(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from store.placement import describe, make_plan
+    from store.topology import discover, parse_topo_matrix
+
+    topology = parse_topo_matrix(Path(args.matrix).read_text()) if args.matrix else discover()
+    storage = {}
+    for item in args.storage:
+        node, sep, path = item.partition("=")
+        if not sep or not node.isdigit():
+            raise CliError(f"topology --storage {item!r}: write NUMA_NODE=PATH, e.g. 0=/nvme0/adstream")
+        storage[int(node)] = path
+    plan = make_plan(topology, storage)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "topology": asdict(topology)
+                    | {"links": {f"{a}-{b}": link.kind for (a, b), link in topology.links.items()}},
+                    "plan": asdict(plan) | {"routes": [asdict(r) for r in plan.routes.values()]},
+                },
+                default=str,
+            )
+        )
+    else:
+        print(describe(topology, plan))
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from adstream.demo import run_demo
+
+    run_demo(_config(args), events=args.events, json_path=args.json)
+
+
+def cmd_bench(args: argparse.Namespace) -> None:
+    from bench.pipeline import run_pipeline_bench
+
+    if args.which == "store":
+        from bench.store import run_store_bench
+
+        result = run_store_bench(ids=args.ids, batches=args.batches, device=args.device)
+    elif args.which == "merge":
+        from bench.merge import run_merge_bench
+
+        result = run_merge_bench(events=args.events or 2_000_000, criteo_dir=args.criteo)
+    elif args.which == "accuracy":
+        from bench.accuracy import run_accuracy_bench
+        from stream.schema import load_schema
+
+        config = _config(args)
+        result = run_accuracy_bench(
+            load_schema(config.stream.schema),
+            config.trainer,
+            events=args.events or 1_000_000,
+            drift=args.drift,
+            criteo_dir=args.criteo,
+            ablation=not args.no_ablation,
+        )
+    else:
+        from pathlib import Path
+
+        from adstream import stack
+
+        config = _config(args)
+        stack.up(config.stack, config.kafka)
+        log_dir = Path(config.stack.state_dir).resolve() / "bench-logs"
+        result = run_pipeline_bench(
+            config.kafka, config.stream, config.trainer, log_dir, events=args.events or 100_000, criteo_dir=args.criteo
+        )
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as fh:
+            fh.write(text)
