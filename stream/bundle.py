@@ -101,7 +101,7 @@ def _string_columns(table: pa.Table, names: Sequence[str]) -> list[pa.Array] | s
         if not (
             pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or pa.types.is_null(column.type)
         ):
-            return f"{name}: column type {kind}, expected strings"
+            return f"{name}: column type {column.type}, expected strings"
         columns.append(column.cast(pa.string()))
     return columns
 
