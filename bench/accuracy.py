@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import platform
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -26,8 +26,8 @@ import torch
 from rich.progress import Progress
 
 from adstream.checks import flat_fields, with_changes
-from bench.baseline import BaselineDeepFM
-from stream.featurize import featurize_records, missing_id
+from bench.baseline import BaselineDeepFM, online_lr
+from stream.featurize import featurize_records
 from stream.records import FeatureBatch, RawRecord
 from stream.replay import criteo_records, synthetic_records
 from stream.schema import Schema
@@ -115,34 +115,9 @@ def baseline_learner(schema: Schema) -> Learner:
     return learn
 
 
-def river_features(features: FeatureBatch) -> Iterator[dict[Any, float]]:
-    """One river feature dict per event: a one-hot per sparse id of the categorical fields (the
-    missing id included), signed log1p per present integer, a flag per missing integer."""
-    d = features.dense.shape[1]
-    ids = features.ids
-    missing = ids[:, :d] == np.array([missing_id(j) for j in range(d)], dtype=np.int64)
-    for i in range(len(ids)):
-        x: dict[Any, float] = {}
-        for j in range(d):
-            if missing[i, j]:
-                x[f"missing{j}"] = 1.0
-            else:
-                x[f"int{j}"] = float(features.dense[i, j])
-        for key in ids[i, d:].tolist():
-            x[key] = 1.0
-        yield x
-
-
 def river_learner(lr: float = 0.03) -> Learner:
     def learn(features: FeatureBatch, batch_size: int) -> np.ndarray:
-        from river import linear_model, optim
-
-        model = linear_model.LogisticRegression(optimizer=optim.AdaGrad(lr))
-        probs = np.empty(len(features))
-        for i, (x, y) in enumerate(zip(river_features(features), features.labels.tolist())):
-            probs[i] = model.predict_proba_one(x).get(True, 0.5)
-            model.learn_one(x, bool(y))
-        return probs
+        return online_lr(features, lr)
 
     return learn
 

@@ -1,14 +1,24 @@
-"""The baseline a competent PyTorch user would write: a DeepFM head over a hashed
-nn.EmbeddingBag(sparse=True) table, SparseAdam for the table and Adam for the dense part
-(pass a ModelConfig with kind "deepfm" and dense_norm False for the plain model)."""
+"""The baselines adstream is measured against.
+
+- BaselineDeepFM: what a competent PyTorch user would write, a DeepFM head over a hashed
+  nn.EmbeddingBag(sparse=True) table, SparseAdam for the table and Adam for the dense part (pass a
+  ModelConfig with kind "deepfm" and dense_norm False for the plain model).
+- online_lr: an online logistic regression (river, AdaGrad, one event at a time) on one-hot ids of
+  the categorical fields, signed log1p integers and a flag per missing integer.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from stream.featurize import missing_id
+from stream.records import FeatureBatch
 from trainer.batch import Batch
 from trainer.model import CtrModel, ModelConfig
 
@@ -54,3 +64,33 @@ class BaselineDeepFM:
         self.sparse_opt.step()
         self.dense_opt.step()
         return torch.sigmoid(logits.detach()).numpy()
+
+
+def river_features(features: FeatureBatch) -> Iterator[dict[Any, float]]:
+    """One river feature dict per event: a one-hot per sparse id of the categorical fields (the
+    missing id included), signed log1p per present integer, a flag per missing integer."""
+    d = features.dense.shape[1]
+    ids = features.ids
+    missing = ids[:, :d] == np.array([missing_id(j) for j in range(d)], dtype=np.int64)
+    for i in range(len(ids)):
+        x: dict[Any, float] = {}
+        for j in range(d):
+            if missing[i, j]:
+                x[f"missing{j}"] = 1.0
+            else:
+                x[f"int{j}"] = float(features.dense[i, j])
+        for key in ids[i, d:].tolist():
+            x[key] = 1.0
+        yield x
+
+
+def online_lr(features: FeatureBatch, lr: float = 0.03) -> np.ndarray:
+    """Progressive CTRs (n,) of river's LogisticRegression (AdaGrad `lr`), each event scored then learned."""
+    from river import linear_model, optim
+
+    model = linear_model.LogisticRegression(optimizer=optim.AdaGrad(lr))
+    probs = np.empty(len(features))
+    for i, (x, y) in enumerate(zip(river_features(features), features.labels.tolist(), strict=True)):
+        probs[i] = model.predict_proba_one(x).get(True, 0.5)
+        model.learn_one(x, bool(y))
+    return probs

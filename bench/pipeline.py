@@ -20,16 +20,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.baseline import BaselineDeepFM
+from bench.baseline import BaselineDeepFM, online_lr
 from stream.featurize import featurize_records
-from stream.records import RawRecord
-from stream.replay import criteo_events, criteo_records, replay, synthetic_records
+from stream.records import FeatureBatch, RawRecord
+from stream.replay import criteo_records, replay, synthetic_records
 from stream.schema import Schema, load_schema
 from stream.settings import KafkaSettings, StreamSettings
 from stream.synthetic import SyntheticCriteo
 from stream.topics import ensure_topics
 from trainer.batch import Batch, batch_from_features
-from trainer.metrics import ProgressiveMetrics
+from trainer.metrics import ProgressiveMetrics, auc_exact, logloss
 from trainer.replica import Trainer
 from trainer.settings import TrainerSettings
 
@@ -118,29 +118,6 @@ def _progressive(schema: Schema, batches: list[Batch], settings: TrainerSettings
     }
 
 
-def _river_lr(schema: Schema, files: list[Path]) -> dict[str, float] | None:
-    try:
-        from river import linear_model, optim
-    except ImportError:
-        return None
-    from trainer.metrics import auc_exact, logloss
-
-    model = linear_model.LogisticRegression(optimizer=optim.AdaGrad(0.1))
-    labels, probs = [], []
-    for _, event, _, _ in criteo_events(files, schema):
-        if event is None:
-            continue
-        x = {f"{k}={v}": 1.0 for k, v in event.items() if k.startswith("C") and v}
-        x.update(
-            {k: float(np.log1p(max(int(str(v)), 0))) for k, v in event.items() if k.startswith("I") and v is not None}
-        )
-        probs.append(model.predict_proba_one(x).get(True, 0.5))
-        labels.append(int(str(event[schema.label])))
-        model.learn_one(x, bool(event[schema.label]))
-    y, p = np.array(labels), np.array(probs)
-    return {"auc": auc_exact(y, p), "logloss": logloss(y, p)}
-
-
 def run_pipeline_bench(
     kafka: KafkaSettings,
     stream: StreamSettings,
@@ -225,7 +202,8 @@ def run_pipeline_bench(
                 "real_batch_size": REAL_BATCH,
             }
         )
-        river = _river_lr(schema, files)
-        if river:
-            result.update({"river_lr_auc_real": river["auc"], "river_lr_logloss_real": river["logloss"]})
+        features = FeatureBatch.concat([featurize_records([r], schema)[0] for r in records])
+        river = online_lr(features)  # the same online LR as bench accuracy's
+        labels = features.labels.astype(np.float64)
+        result.update({"river_lr_auc_real": auc_exact(labels, river), "river_lr_logloss_real": logloss(labels, river)})
     return result
