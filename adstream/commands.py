@@ -62,7 +62,7 @@ def cmd_status(args: argparse.Namespace) -> None:
 
 
 def cmd_replay(args: argparse.Namespace) -> None:
-    from stream.replay import criteo_records, replay, synthetic_records
+    from stream.replay import log_records, replay, synthetic_records
     from stream.schema import load_schema
     from stream.synthetic import SyntheticConfig, SyntheticCriteo
     from stream.topics import ensure_topics
@@ -82,9 +82,9 @@ def cmd_replay(args: argparse.Namespace) -> None:
 
         records, total = chunks(), args.synthetic
     elif args.paths:
-        records, total = criteo_records(args.paths, schema, args.loop, args.bundle, args.bundle_format), None
+        records, total = log_records(args.paths, schema, args.loop, args.bundle, args.bundle_format), None
     else:
-        raise CliError("replay: give Criteo TSV file(s) or --synthetic N")
+        raise CliError("replay: give log file(s) (laid out as the schema's [source] says) or --synthetic N")
     summary = replay(records, config.kafka, rate=args.rate, limit=args.limit, total=total)
     print(json.dumps(asdict(summary)))
 

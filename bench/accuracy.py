@@ -29,7 +29,7 @@ from adstream.checks import flat_fields, with_changes
 from bench.baseline import BaselineDeepFM, online_lr
 from stream.featurize import featurize_records
 from stream.records import FeatureBatch, RawRecord
-from stream.replay import criteo_records, synthetic_records
+from stream.replay import log_records, synthetic_records
 from stream.schema import Schema
 from stream.synthetic import SyntheticConfig, SyntheticCriteo
 from trainer.batch import batch_from_features
@@ -65,9 +65,9 @@ def real_stream(schema: Schema, criteo_dir: str) -> Stream | None:
     if not files:
         return None
     parts = [
-        featurize_records([RawRecord(0, i, value)], schema)[0]
-        for i, (_, value, reason, _) in enumerate(criteo_records(files, schema, bundle=4096, fmt="arrow"))
-        if reason is None
+        featurize_records([RawRecord(0, i, record.value)], schema)[0]
+        for i, record in enumerate(log_records(files, schema, bundle=4096, fmt="arrow"))
+        if record.reason is None
     ]
     return Stream("criteo-real", FeatureBatch.concat(parts), None)
 
@@ -78,8 +78,8 @@ def synthetic_stream(schema: Schema, events: int, drift: float, seed: int = 7) -
     for start in range(0, events, 100_000):
         chunk, p = generator.generate(min(100_000, events - start))
         truth.append(p)
-        for i, (_, value, _, _) in enumerate(synthetic_records(chunk, schema, bundle=4096, fmt="arrow")):
-            parts.append(featurize_records([RawRecord(0, i, value)], schema)[0])
+        for i, record in enumerate(synthetic_records(chunk, schema, bundle=4096, fmt="arrow")):
+            parts.append(featurize_records([RawRecord(0, i, record.value)], schema)[0])
     name = "synthetic" if drift == 0 else f"synthetic-drift{drift:g}"
     return Stream(name, FeatureBatch.concat(parts), np.concatenate(truth))
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from adstream.checks import with_changes
 from bench.pipeline import REAL_BATCH
 from stream.featurize import featurize_records
 from stream.records import FeatureBatch, RawRecord
-from stream.replay import criteo_records, synthetic_records
+from stream.replay import ReplayRecord, log_records, synthetic_records
 from stream.schema import load_schema
 from stream.synthetic import SyntheticCriteo
 from trainer.batch import Batch
@@ -39,12 +40,12 @@ WORKERS = (1, 2, 4)
 KS = (1, 4, 16, 64)
 
 
-def _features(records: Any, schema_name: str) -> list[FeatureBatch]:
+def _features(records: Iterable[ReplayRecord], schema_name: str) -> list[FeatureBatch]:
     schema = load_schema(schema_name)
     out = []
-    for i, (_, value, reason, _) in enumerate(records):
-        if reason is None:
-            batch, _ = featurize_records([RawRecord(0, i, value)], schema)
+    for i, record in enumerate(records):
+        if record.reason is None:
+            batch, _ = featurize_records([RawRecord(0, i, record.value)], schema)
             if len(batch):
                 out.append(batch)
     return out
@@ -166,7 +167,7 @@ def run_merge_bench(
     )
     files = sorted(Path(criteo_dir).glob("*.txt"), key=lambda p: (not p.name.startswith("autoint"), p.name))
     if files:
-        real = _features(criteo_records(files, schema, bundle=REAL_BATCH, fmt="arrow"), "criteo")
+        real = _features(log_records(files, schema, bundle=REAL_BATCH, fmt="arrow"), "criteo")
         datasets.append(("criteo", real, base))
     plan = [(w, k) for w in workers for k in ((1, 0) if w == 1 else (*ks, 0))]
     runs: list[dict[str, Any]] = []

@@ -23,7 +23,7 @@ import torch
 from bench.baseline import BaselineDeepFM, online_lr
 from stream.featurize import featurize_records
 from stream.records import FeatureBatch, RawRecord
-from stream.replay import criteo_records, replay, synthetic_records
+from stream.replay import log_records, replay, synthetic_records
 from stream.schema import Schema, load_schema
 from stream.settings import KafkaSettings, StreamSettings
 from stream.synthetic import SyntheticCriteo
@@ -150,16 +150,16 @@ def run_pipeline_bench(
     files = sorted(Path(criteo_dir).glob("*.txt"), key=lambda p: (not p.name.startswith("autoint"), p.name))
     if files:  # parse + encode + produce, from the raw TSV
         result["replay_criteo_tsv_events_per_s"] = replay(
-            criteo_records(files, schema), scoped, progress=False
+            log_records(files, schema), scoped, progress=False
         ).events_per_s
 
     # featurization, in process (the pure function the agent wraps)
-    json_records = [RawRecord(0, i, value) for i, (_, value, _, _) in enumerate(singles)]
+    json_records = [RawRecord(0, i, r.value) for i, r in enumerate(singles)]
     start = time.perf_counter()
     for i in range(0, len(json_records), 1024):
         featurize_records(json_records[i : i + 1024], schema)
     result["featurize_json_events_per_s"] = _rate(events, time.perf_counter() - start)
-    arrow_records = [RawRecord(0, i, value) for i, (_, value, _, _) in enumerate(bundles)]
+    arrow_records = [RawRecord(0, i, r.value) for i, r in enumerate(bundles)]
     start = time.perf_counter()
     feature_batches = [featurize_records([r], schema)[0] for r in arrow_records]
     result["featurize_events_per_s"] = _rate(events, time.perf_counter() - start)
@@ -186,9 +186,9 @@ def run_pipeline_bench(
     # (the trainer's defaults; the baseline keeps its own plain Adam / SparseAdam rates)
     if files:
         records = [
-            RawRecord(0, i, value)
-            for i, (_, value, reason, _) in enumerate(criteo_records(files, schema, bundle=REAL_BATCH, fmt="arrow"))
-            if reason is None
+            RawRecord(0, i, record.value)
+            for i, record in enumerate(log_records(files, schema, bundle=REAL_BATCH, fmt="arrow"))
+            if record.reason is None
         ]
         real = [batch_from_features([featurize_records([r], schema)[0]]) for r in records]
         scores = _progressive(schema, real, trainer_settings)

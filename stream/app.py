@@ -55,6 +55,7 @@ def build_app(kafka: KafkaSettings, settings: StreamSettings) -> faust.App:
             records = [RawRecord(e.message.partition, e.message.offset, e.value or b"") for e in events]
             try:
                 batch, rejected = featurize_records(records, schema)
+                encoded = [(part, encode_batch(part)) for part in batch.split(settings.batch_events)]
             except Exception:  # a bug, not bad input: keep the records, never lose them silently
                 log.exception("featurize failed; sending %d records to the DLQ", len(records))
                 for r in records:
@@ -65,8 +66,8 @@ def build_app(kafka: KafkaSettings, settings: StreamSettings) -> faust.App:
                 headers = {"reason": bad.reason.encode(), "stage": b"stream", "source": source}
                 await dlq_topic.send(value=bad.value, headers=headers)
             REJECTED.inc(len(rejected))
-            for part in batch.split(settings.batch_events):  # bundles can hold many events
-                await batches_topic.send(key=part.event_ids[0].encode(), value=encode_batch(part))
+            for part, value in encoded:  # bundles can hold many events: batches of at most batch_events
+                await batches_topic.send(key=part.event_ids[0].encode(), value=value)
                 EVENTS.inc(len(part))
                 BATCHES.inc()
 

@@ -1,7 +1,8 @@
 """FeatureBatch <-> Arrow IPC stream bytes (one record batch), the value of `adstream.batches`.
 
 Columns: label f32, dense fixed_list<f32>[D], ids fixed_list<i64>[F], ts i64, event_id str,
-partition i32, offset i64. Schema metadata carries the schema hash and a format version.
+partition i32, offset i64. Schema metadata carries the schema hash, a format version and the two
+widths (Arrow has no fixed list of size 0: a schema without dense fields sends a null column).
 """
 
 from __future__ import annotations
@@ -21,21 +22,33 @@ def encode_batch(batch: FeatureBatch) -> bytes:
     f = batch.ids.shape[1]
     columns = [
         pa.array(batch.labels, type=pa.float32()),
-        pa.FixedSizeListArray.from_arrays(pa.array(batch.dense.reshape(-1), pa.float32()), d),
-        pa.FixedSizeListArray.from_arrays(pa.array(batch.ids.reshape(-1), pa.int64()), f),
+        _fixed_list(batch.dense, pa.float32()),
+        _fixed_list(batch.ids, pa.int64()),
         pa.array(batch.ts, type=pa.int64()),
         pa.array(batch.event_ids, type=pa.string()),
         pa.array(batch.partitions, type=pa.int32()),
         pa.array(batch.offsets, type=pa.int64()),
     ]
     names = ["label", "dense", "ids", "ts", "event_id", "partition", "offset"]
-    meta = {b"schema_hash": batch.schema_hash.encode(), b"format": FORMAT_VERSION}
+    meta = {
+        b"schema_hash": batch.schema_hash.encode(),
+        b"format": FORMAT_VERSION,
+        b"dense_width": str(d).encode(),
+        b"ids_width": str(f).encode(),
+    }
     record_batch = pa.RecordBatch.from_arrays(columns, names=names).replace_schema_metadata(meta)
     assert record_batch.num_rows == n
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, record_batch.schema) as writer:
         writer.write_batch(record_batch)
     return sink.getvalue().to_pybytes()
+
+
+def _fixed_list(values: np.ndarray, kind: pa.DataType) -> pa.Array:
+    """(n, w) -> fixed_list<kind>[w]; w = 0 -> a null column (the width travels in the metadata)."""
+    if values.shape[1] == 0:
+        return pa.nulls(len(values))
+    return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1), kind), values.shape[1])
 
 
 def decode_batch(data: bytes) -> FeatureBatch:
@@ -51,11 +64,14 @@ def decode_batch(data: bytes) -> FeatureBatch:
     n = table.num_rows
 
     def fixed(name: str, dtype: type) -> np.ndarray:
-        col = table.column(name).chunk(0) if n else None
-        if col is None:
-            width = table.schema.field(name).type.list_size
-            return np.zeros((0, width), dtype=dtype)
-        return col.flatten().to_numpy(zero_copy_only=False).astype(dtype, copy=False).reshape(n, -1)
+        kind = table.schema.field(name).type
+        width = int(meta.get(f"{name}_width".encode(), b"-1"))
+        if width < 0:  # written before the widths were in the metadata
+            width = kind.list_size
+        if n == 0 or width == 0 or pa.types.is_null(kind):
+            return np.zeros((n, max(width, 0)), dtype=dtype)
+        col = table.column(name).chunk(0)
+        return col.flatten().to_numpy(zero_copy_only=False).astype(dtype, copy=False).reshape(n, width)
 
     return FeatureBatch(
         labels=table.column("label").to_numpy().astype(np.float32, copy=False),

@@ -8,7 +8,8 @@ fails is rejected with the field named, the rest of the bundle goes on.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import orjson
@@ -42,12 +43,18 @@ def encode_event_bundle(events: Sequence[dict[str, object]], schema: Schema) -> 
     }
     for name in schema.integer_fields:
         columns[name] = pa.array([e[name] for e in events], pa.int64())
+    for name in schema.float_fields:
+        columns[name] = pa.array([e[name] for e in events], pa.float64())
     for name in schema.categorical_fields:
         columns[name] = pa.array([e[name] for e in events], pa.string())
-    batch = pa.RecordBatch.from_pydict(columns)
+    return encode_table(pa.Table.from_pydict(columns))
+
+
+def encode_table(table: pa.Table) -> bytes:
+    """A bundle-layout table -> one Arrow IPC stream (a Kafka record's value)."""
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write_batch(batch)
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
     return sink.getvalue().to_pybytes()
 
 
@@ -62,6 +69,27 @@ def _hex_values(column: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     data = np.frombuffer(padded.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]].reshape(-1, 8)
     values = (_HEX_LUT[data] << _SHIFTS).sum(axis=1)
     return values, missing, ~valid & ~missing
+
+
+_HEX_OK = np.zeros(256, dtype=bool)
+_HEX_OK[np.frombuffer(b"0123456789abcdefABCDEF", dtype=np.uint8)] = True
+
+
+def _hex_check(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """string column -> (missing bool (n,), bad bool (n,)) without decoding: what replay needs."""
+    column = column if column.offset == 0 else pa.concat_arrays([column])  # buffers from offset 0
+    offsets = np.frombuffer(column.buffers()[1], dtype=np.int32, count=len(column) + 1)
+    lengths = np.diff(offsets)
+    if column.null_count:
+        lengths = np.where(column.is_null().to_numpy(zero_copy_only=False), 0, lengths)
+    data = np.frombuffer(column.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
+    not_hex = (~_HEX_OK[data]).astype(np.int32)
+    starts = offsets[:-1] - offsets[0]
+    # non-hex characters per string (empty strings: 0); reduceat needs in-range starts
+    counts = np.add.reduceat(not_hex, np.minimum(starts, max(len(data) - 1, 0))) if len(data) else np.zeros(len(starts))
+    counts = np.where(lengths > 0, counts, 0)
+    missing = lengths == 0
+    return missing, ~missing & ((counts > 0) | (lengths > 8))
 
 
 def _whole(record: RawRecord, schema: Schema, reason: str) -> tuple[FeatureBatch, list[Rejected]]:
@@ -85,42 +113,77 @@ class _Reasons:
         return np.array([r is None for r in self.of_row], dtype=bool)
 
 
-def _integer_column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray] | str:
-    """An integer column -> (values int64 (n,) with 0 for null, null bool (n,)), or why it is not one."""
-    column = table.column(name).chunk(0) if table.num_rows else pa.array([], pa.int64())
-    if not pa.types.is_integer(column.type) and not pa.types.is_null(column.type):
-        return f"{name}: column type {column.type}, expected integers"
-    column = column.cast(pa.int64())
+@dataclass(frozen=True, eq=False)
+class CheckedTable:
+    """A bundle-layout table's columns as numpy (n rows), and each row's first broken rule."""
+
+    event_ids: list[str]
+    ts: np.ndarray  # int64 (n,)
+    label: np.ndarray  # int64 (n,), 0 where missing
+    ints: np.ndarray  # int64 (n, I), 0 where missing
+    int_missing: np.ndarray  # bool (n, I)
+    floats: np.ndarray  # float64 (n, R), 0 where missing
+    float_missing: np.ndarray  # bool (n, R)
+    cats: np.ndarray  # int64 (n, C): hex32 values or hashed string ids
+    cat_missing: np.ndarray  # bool (n, C)
+    reasons: list[str | None]  # None for a good row
+
+    def good(self) -> np.ndarray:
+        return np.array([r is None for r in self.reasons], dtype=bool)
+
+
+def _column(table: pa.Table, name: str) -> pa.Array:
+    return table.column(name).combine_chunks() if table.num_rows else pa.array([], table.schema.field(name).type)
+
+
+def _number_column(table: pa.Table, name: str, kind: str) -> tuple[np.ndarray, np.ndarray] | str:
+    """An integer (kind "int") or numeric (kind "float") column -> (values with 0 for null, null
+    bool (n,)), or why the column has the wrong type."""
+    column = _column(table, name)
+    t = column.type
+    ok = pa.types.is_integer(t) or pa.types.is_null(t) or (kind == "float" and pa.types.is_floating(t))
+    if not ok:
+        return f"{name}: column type {t}, expected {'integers' if kind == 'int' else 'numbers'}"
+    column = column.cast(pa.int64() if kind == "int" else pa.float64())
     return pc.fill_null(column, 0).to_numpy(zero_copy_only=False), column.is_null().to_numpy(zero_copy_only=False)
 
 
 def _string_columns(table: pa.Table, names: Sequence[str]) -> list[pa.Array] | str:
     columns = []
     for name in names:
-        column = table.column(name).chunk(0)
-        if not (
-            pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or pa.types.is_null(column.type)
-        ):
-            return f"{name}: column type {column.type}, expected strings"
+        column = _column(table, name)
+        kind = column.type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)):
+            return f"{name}: column type {kind}, expected strings"
         columns.append(column.cast(pa.string()))
     return columns
 
 
-def _categories(columns: list[pa.Array], n: int, schema: Schema, reasons: _Reasons) -> tuple[np.ndarray, np.ndarray]:
-    """Category columns -> (values int64 (n, C), missing bool (n, C)), flagging the rows that break a rule."""
+def _categories(
+    columns: list[pa.Array], n: int, schema: Schema, reasons: _Reasons, values_too: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
+    """Category columns -> (values int64 (n, C), missing bool (n, C)), flagging the rows that break a
+    rule. values_too=False checks only (values come back as zeros): replay needs no ids."""
     c = len(columns)
     if not c:
         return np.zeros((n, 0), np.int64), np.zeros((n, 0), bool)
     joined = pa.concat_arrays(columns)  # all columns in one pass: pyarrow's per-call overhead dominates otherwise
     too_long = pc.fill_null(pc.utf8_length(joined), 0).to_numpy(zero_copy_only=False).reshape(c, n).T
     too_long = too_long > rules.MAX_CATEGORY_CHARS
-    if schema.categorical_encoding == "hex32":
+    if schema.categorical_encoding == "hex32" and not values_too:
+        missing, bad = (a.reshape(c, n).T for a in _hex_check(joined))
+        values = np.zeros((n, c), np.int64)
+    elif schema.categorical_encoding == "hex32":
         values, missing, bad = (a.reshape(c, n).T for a in _hex_values(joined))
+    elif not values_too:
+        missing = pc.fill_null(pc.equal(joined, ""), True).to_numpy(zero_copy_only=False).reshape(c, n).T
+        values, bad = np.zeros((n, c), np.int64), np.zeros((n, c), dtype=bool)
     else:
+        first = len(schema.integer_fields)
         raw = [column.to_pylist() for column in columns]
         missing = np.array([[not v for v in col] for col in raw], dtype=bool).T.reshape(n, c)
         values = np.array(
-            [[string_id(schema.num_dense + f, v) if v else 0 for v in col] for f, col in enumerate(raw)], dtype=np.int64
+            [[string_id(first + f, v) if v else 0 for v in col] for f, col in enumerate(raw)], dtype=np.int64
         ).T.reshape(n, c)
         bad = np.zeros((n, c), dtype=bool)
     for f, name in enumerate(schema.categorical_fields):
@@ -129,60 +192,103 @@ def _categories(columns: list[pa.Array], n: int, schema: Schema, reasons: _Reaso
     return values, missing
 
 
+def check_table(
+    table: pa.Table,
+    schema: Schema,
+    unparsed: Mapping[str, tuple[np.ndarray, str]] | None = None,
+    values_too: bool = True,
+) -> CheckedTable | str:
+    """Check every row of a bundle-layout table against rules.py, in the order decode.py checks a
+    JSON event (a row's reason is its first broken rule). `unparsed`: per field, the rows whose text
+    could not be parsed and the rule that says so (replay reads text); values_too=False skips
+    decoding category ids (replay only checks). Returns why the whole table is unusable instead (a
+    missing column or a column of the wrong type)."""
+    unparsed = unparsed or {}
+    for name in (schema.event_id, schema.timestamp, schema.label, *schema.dense_fields, *schema.categorical_fields):
+        if name not in table.column_names:
+            return rules.reason(name, f"{rules.MISSING_FIELD} (no such column in the Arrow bundle)")
+    n = table.num_rows
+    numbers = {}
+    for name, kind in [(schema.timestamp, "int"), (schema.label, "int")] + [(f, "int") for f in schema.integer_fields]:
+        numbers[name] = _number_column(table, name, kind)
+    for name in schema.float_fields:
+        numbers[name] = _number_column(table, name, "float")
+    ids_col = _column(table, schema.event_id)
+    if not (pa.types.is_integer(ids_col.type) or pa.types.is_string(ids_col.type) or pa.types.is_null(ids_col.type)):
+        return f"{schema.event_id}: column type {ids_col.type}, expected strings or integers"
+    columns = _string_columns(table, schema.categorical_fields)
+    for result in (*numbers.values(), columns):
+        if isinstance(result, str):
+            return result
+    parsed = {k: v for k, v in numbers.items() if not isinstance(v, str)}
+
+    reasons = _Reasons(n)
+
+    def flag(name: str, mask: np.ndarray, rule: str) -> None:
+        """The field's turn: first its unparsed text, then its own rule."""
+        if name in unparsed:
+            text_mask, text_rule = unparsed[name]
+            reasons.flag(text_mask, rules.reason(name, text_rule))
+        reasons.flag(mask, rules.reason(name, rule))
+
+    event_ids = ids_col.cast(pa.string()).to_pylist()
+    flag(schema.event_id, np.array([not e for e in event_ids], dtype=bool), rules.EVENT_ID)
+    ts, ts_null = parsed[schema.timestamp]
+    flag(schema.timestamp, rules.bad_timestamps(ts, ts_null), rules.TIMESTAMP)
+    label, label_null = parsed[schema.label]
+    flag(schema.label, label_null, rules.LABEL_MISSING)
+    reasons.flag(rules.bad_labels(label), rules.reason(schema.label, rules.LABEL))
+    for name in schema.integer_fields:
+        values, null = parsed[name]
+        flag(name, ~null & rules.integers_out_of_range(values), rules.INTEGER_RANGE)
+    for name in schema.float_fields:
+        values, null = parsed[name]
+        flag(name, rules.bad_floats(values, null), rules.FLOAT)
+    cats, cat_missing = _categories(columns, n, schema, reasons, values_too)  # type: ignore[arg-type]
+
+    def stack(names: Sequence[str], i: int, dtype: type) -> np.ndarray:
+        return np.stack([parsed[f][i] for f in names], axis=1) if names else np.zeros((n, 0), dtype)
+
+    return CheckedTable(
+        event_ids=event_ids,
+        ts=ts,
+        label=label,
+        ints=stack(schema.integer_fields, 0, np.int64),
+        int_missing=stack(schema.integer_fields, 1, bool),
+        floats=stack(schema.float_fields, 0, np.float64),
+        float_missing=stack(schema.float_fields, 1, bool),
+        cats=cats,
+        cat_missing=cat_missing,
+        reasons=reasons.of_row,
+    )
+
+
 def featurize_arrow_bundle(record: RawRecord, schema: Schema) -> tuple[FeatureBatch, list[Rejected]]:
     """One Arrow bundle -> its good rows featurized + a Rejected per bad row (or one for a bad bundle)."""
     try:
-        table = pa.ipc.open_stream(pa.py_buffer(record.value)).read_all().combine_chunks()
+        table = pa.ipc.open_stream(pa.py_buffer(record.value)).read_all()
     except pa.ArrowInvalid as exc:
         return _whole(record, schema, f"record: not a readable Arrow bundle ({exc})")
-    for name in (schema.event_id, schema.timestamp, schema.label, *schema.integer_fields, *schema.categorical_fields):
-        if name not in table.column_names:
-            return _whole(
-                record, schema, rules.reason(name, f"{rules.MISSING_FIELD} (no such column in the Arrow bundle)")
-            )
-    n = table.num_rows
-    scalars = {}
-    for name in (schema.timestamp, schema.label, *schema.integer_fields):
-        result = _integer_column(table, name)
-        if isinstance(result, str):
-            return _whole(record, schema, result)
-        scalars[name] = result
-    ids_col = table.column(schema.event_id).chunk(0)
-    if not (pa.types.is_integer(ids_col.type) or pa.types.is_string(ids_col.type) or pa.types.is_null(ids_col.type)):
-        return _whole(record, schema, f"{schema.event_id}: column type {ids_col.type}, expected strings or integers")
-    columns = _string_columns(table, schema.categorical_fields)
-    if isinstance(columns, str):
-        return _whole(record, schema, columns)
-    # the rules of rules.py, in the order decode.py checks them (the first broken rule is the reason)
-    reasons = _Reasons(n)
-    event_ids = ids_col.cast(pa.string()).to_pylist()
-    reasons.flag(np.array([not e for e in event_ids], dtype=bool), rules.reason(schema.event_id, rules.EVENT_ID))
-    ts, ts_null = scalars[schema.timestamp]
-    reasons.flag(rules.bad_timestamps(ts, ts_null), rules.reason(schema.timestamp, rules.TIMESTAMP))
-    label, label_null = scalars[schema.label]
-    reasons.flag(label_null, rules.reason(schema.label, rules.LABEL_MISSING))
-    reasons.flag(rules.bad_labels(label), rules.reason(schema.label, rules.LABEL))
-    for name in schema.integer_fields:
-        values, null = scalars[name]
-        reasons.flag(~null & rules.integers_out_of_range(values), rules.reason(name, rules.INTEGER_RANGE))
-    d = len(schema.integer_fields)
-    ints = np.stack([scalars[f][0] for f in schema.integer_fields], axis=1) if d else np.zeros((n, 0), np.int64)
-    int_missing = np.stack([scalars[f][1] for f in schema.integer_fields], axis=1) if d else np.zeros((n, 0), bool)
-    cats, cmiss = _categories(columns, n, schema, reasons)
-    ok = reasons.good()
+    checked = check_table(table, schema)
+    if isinstance(checked, str):
+        return _whole(record, schema, checked)
+    ok = checked.good()
     rejected = []
     if not ok.all():
         rows = table.to_pylist()
         for i in np.nonzero(~ok)[0]:
-            rejected.append(Rejected(record.partition, record.offset, orjson.dumps(rows[i]), str(reasons.of_row[i])))
-    ids, dense = features_from_columns(ints[ok], int_missing[ok], cats[ok], cmiss[ok], schema)
+            rejected.append(Rejected(record.partition, record.offset, orjson.dumps(rows[i]), str(checked.reasons[i])))
+    c = checked
+    ids, dense = features_from_columns(
+        c.ints[ok], c.int_missing[ok], c.cats[ok], c.cat_missing[ok], schema, c.floats[ok], c.float_missing[ok]
+    )
     m = int(ok.sum())
     batch = FeatureBatch(
-        labels=label[ok].astype(np.float32),
+        labels=c.label[ok].astype(np.float32),
         dense=dense,
         ids=ids,
-        ts=ts[ok].astype(np.int64),
-        event_ids=tuple(e for e, keep in zip(event_ids, ok) if keep),
+        ts=c.ts[ok].astype(np.int64),
+        event_ids=tuple(e for e, keep in zip(c.event_ids, ok) if keep),
         partitions=np.full(m, record.partition, dtype=np.int32),
         offsets=np.full(m, record.offset, dtype=np.int64),
         schema_hash=schema.hash,

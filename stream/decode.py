@@ -38,9 +38,10 @@ def event_from_mapping(obj: Any, schema: Schema, require_label: bool = True) -> 
     if broken:
         raise DecodeError(schema.label, broken)
     ints = tuple(_checked(obj, name, rules.check_integer) for name in schema.integer_fields)
+    floats = tuple(_float(_checked(obj, name, rules.check_float)) for name in schema.float_fields)
     hex32 = schema.categorical_encoding == "hex32"
     cats = tuple(_category(obj, name, hex32) for name in schema.categorical_fields)
-    return Event(str(event_id), ts, None if label is None else int(label), ints, cats)
+    return Event(str(event_id), ts, None if label is None else int(label), ints, cats, floats)
 
 
 def split_bundle(value: bytes) -> Iterator[bytes]:
@@ -62,6 +63,10 @@ def _checked(obj: Mapping[str, Any], name: str, check: Callable[[Any], str | Non
     if broken:
         raise DecodeError(name, broken)
     return value
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _category(obj: Mapping[str, Any], name: str, hex32: bool) -> str | None:

@@ -74,13 +74,20 @@ def shared_ids(schema: Schema) -> np.ndarray:
 
 
 def features_from_columns(
-    ints: np.ndarray, int_missing: np.ndarray, cats: np.ndarray, cat_missing: np.ndarray, schema: Schema
+    ints: np.ndarray,
+    int_missing: np.ndarray,
+    cats: np.ndarray,
+    cat_missing: np.ndarray,
+    schema: Schema,
+    floats: np.ndarray | None = None,
+    float_missing: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The one featurization core.
 
-    ints int64 (n, D) + int_missing bool (n, D); cats int64 (n, C) + cat_missing bool (n, C), where
-    cats hold the 32-bit value (hex32) or an already hashed string id (string encoding).
-    Returns ids int64 (n, D + C) and dense float32 (n, D).
+    ints int64 (n, I) + int_missing bool (n, I); cats int64 (n, C) + cat_missing bool (n, C), where
+    cats hold the 32-bit value (hex32) or an already hashed string id (string encoding); floats
+    float64 (n, R) + float_missing (n, R) for the schema's float fields (R = 0: None).
+    Returns ids int64 (n, I + C) and dense float32 (n, I + R).
     """
     n, d = ints.shape
     fields = np.arange(schema.num_sparse, dtype=np.int64) << FIELD_SHIFT
@@ -90,6 +97,8 @@ def features_from_columns(
     else:
         cat_ids = np.where(cat_missing, fields[d:] | MISSING, cats)
     dense = np.where(int_missing, np.float32(0.0), signed_log1p_array(np.where(int_missing, 0, ints)))
+    if floats is not None and float_missing is not None and floats.shape[1]:
+        dense = np.concatenate([dense, np.where(float_missing, 0.0, floats).astype(np.float32)], axis=1)
     return np.concatenate([int_ids, cat_ids], axis=1).astype(np.int64), dense.astype(np.float32)
 
 
@@ -105,7 +114,7 @@ def featurize(
     offsets: Sequence[int] | None = None,
 ) -> FeatureBatch:
     """Featurize decoded events into one FeatureBatch (see records.FeatureBatch for shapes)."""
-    n, d, c = len(events), schema.num_dense, len(schema.categorical_fields)
+    n, d, c, r = len(events), len(schema.integer_fields), len(schema.categorical_fields), len(schema.float_fields)
     raw_ints = [v for e in events for v in e.ints]
     int_missing = np.fromiter((v is None for v in raw_ints), dtype=bool, count=n * d).reshape(n, d)
     ints = np.fromiter((0 if v is None else v for v in raw_ints), dtype=np.int64, count=n * d).reshape(n, d)
@@ -116,7 +125,10 @@ def featurize(
     else:
         values = (0 if v is None else string_id(d + i % c, v) for i, v in enumerate(raw_cats))
     cats = np.fromiter(values, dtype=np.int64, count=n * c).reshape(n, c)
-    ids, dense = features_from_columns(ints, int_missing, cats, cat_missing, schema)
+    raw_floats = [v for e in events for v in e.floats]
+    float_missing = np.fromiter((v is None for v in raw_floats), dtype=bool, count=n * r).reshape(n, r)
+    floats = np.fromiter((0.0 if v is None else v for v in raw_floats), dtype=np.float64, count=n * r).reshape(n, r)
+    ids, dense = features_from_columns(ints, int_missing, cats, cat_missing, schema, floats, float_missing)
     labels = np.array([np.nan if e.label is None else e.label for e in events], dtype=np.float32)
     return FeatureBatch(
         labels=labels,

@@ -22,6 +22,7 @@ class Event:
     label: int | None  # 0/1, None when unlabelled (serving requests)
     ints: tuple[int | None, ...]  # one per schema.integer_fields
     cats: tuple[str | None, ...]  # one per schema.categorical_fields, as sent (hex or string)
+    floats: tuple[float | None, ...] = ()  # one per schema.float_fields
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class FeatureBatch:
     """Featurized events, column-wise. n = number of events.
 
     labels      float32 (n,)          0/1; NaN when unlabelled
-    dense       float32 (n, D)        signed log1p of each integer field, 0 when missing
+    dense       float32 (n, D)        signed log1p of each integer field, then each float field; 0 when missing
     ids         int64   (n, F)        one 64-bit feature id per sparse field
     ts          int64   (n,)          event time, ms
     event_ids   tuple[str] (n,)

@@ -1,29 +1,31 @@
-"""Replay ad logs into Kafka: raw Criteo TSV files (.txt/.gz) or the synthetic generator.
+"""Replay ad logs into Kafka: raw log files of any schema (its [source] table), or the synthetic generator.
 
-Each good line becomes one JSON event on `events_topic` (key = event id). A line that cannot be
-parsed goes to the dead-letter topic with its reason: nothing is dropped silently. Throughput
-settings follow confluent-kafka's advice: linger, lz4, idempotence, no per-message callbacks
-(only errors are reported), poll every ~1000 messages.
+Logs are parsed and checked in blocks, column-wise (logs.py); each good row becomes one JSON event on
+`events_topic` (key = event id), or a bundle of rows becomes one record (newline-separated JSON,
+or an Arrow IPC stream with fmt="arrow"). A row that fails goes to the dead-letter topic with its
+reason: nothing is dropped silently. Throughput settings follow confluent-kafka's advice: linger,
+lz4, idempotence, no per-message callbacks (only errors are reported), poll every ~1000 messages.
 """
 
 from __future__ import annotations
 
-import gzip
-import re
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from stream import rules
-from stream.errors import DecodeError, StreamError
+from stream.bundle import encode_table
+from stream.errors import StreamError
+from stream.logs import read_log
 from stream.schema import Schema
 from stream.settings import KafkaSettings
 
-_INT = re.compile(r"-?\d+")
-BASE_TS_MS = 1_400_000_000_000  # Criteo carries no timestamps; file order is time order
+FORMATS = ("json", "arrow")
 
 
 @dataclass(frozen=True)
@@ -35,110 +37,95 @@ class ReplaySummary:
     rejected: int  # lines sent to the dead-letter topic instead
 
 
-def parse_criteo_line(line: str, schema: Schema, event_id: str, ts: int) -> dict[str, object]:
-    """One raw Criteo TSV line -> event dict, checked by the rules of rules.py; raises DecodeError."""
-    parts = line.rstrip("\n").split("\t")
-    expected = 1 + len(schema.integer_fields) + len(schema.categorical_fields)
-    if len(parts) != expected:
-        raise DecodeError("", f"expected {expected} tab-separated fields, got {len(parts)}")
-    if parts[0] not in ("0", "1"):
-        raise DecodeError(schema.label, rules.LABEL if parts[0] else rules.LABEL_MISSING)
-    event: dict[str, object] = {schema.event_id: event_id, schema.timestamp: ts, schema.label: int(parts[0])}
-    n_int = len(schema.integer_fields)
-    for name, raw in zip(schema.integer_fields, parts[1 : 1 + n_int]):
-        value = int(raw) if _INT.fullmatch(raw) else (None if raw == "" else raw)
-        broken = rules.check_integer(value)
-        if broken:
-            raise DecodeError(name, broken)
-        event[name] = value
-    hex32 = schema.categorical_encoding == "hex32"
-    for name, raw in zip(schema.categorical_fields, parts[1 + n_int :]):
-        broken = rules.check_category(raw, hex32) if raw else None
-        if broken:
-            raise DecodeError(name, broken)
-        event[name] = raw or None
-    return event
+@dataclass(frozen=True)
+class ReplayRecord:
+    """One Kafka record to send: events (to the events topic) or a rejected line (to the DLQ)."""
+
+    key: bytes  # the first event's id (a reject: where it was in the log)
+    value: bytes  # one JSON event, a bundle, or the rejected line
+    events: int  # events in the value (0 for a reject)
+    reason: str | None = None  # why it was rejected; None for events
 
 
-def criteo_file_lines(paths: Iterable[str | Path], loop: bool = False) -> Iterator[tuple[str, int, str]]:
-    """(file stem, 0-based line number, line) over the files in order; forever with loop."""
-    rounds = 0
-    while True:
-        for path in map(Path, paths):
-            if not path.is_file():
-                raise StreamError(f"replay: no file at {path}")
-            opener = gzip.open if path.suffix == ".gz" else open
-            with opener(path, "rt", encoding="utf-8", errors="replace") as fh:  # type: ignore[operator]
-                for number, line in enumerate(fh):
-                    yield (f"{path.stem}" if not rounds else f"{path.stem}#{rounds}"), number, line
-        rounds += 1
-        if not loop:
-            return
+_ESCAPED = np.zeros(256, dtype=bool)  # bytes JSON needs escaped inside a string: '"', '\\', controls
+_ESCAPED[[ord('"'), ord("\\"), *range(0x20)]] = True
 
 
-# One replay item: (event id, event dict or None, raw bytes of a bad line, reason or None)
-Item = tuple[str, dict[str, object] | None, bytes, str | None]
-# One Kafka record to send: (key, value, reason or None, events in it)
-Record = tuple[bytes, bytes, str | None, int]
+def _needs_escape(column: pa.Array) -> bool:
+    if column.offset:
+        column = pa.concat_arrays([column])
+    offsets = np.frombuffer(column.buffers()[1], dtype=np.int32, count=len(column) + 1)
+    if column.buffers()[2] is None:
+        return False
+    data = np.frombuffer(column.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
+    return bool(_ESCAPED[data].any())
 
 
-def criteo_events(paths: Iterable[str | Path], schema: Schema, loop: bool = False) -> Iterator[Item]:
-    """Parse Criteo TSV lines; a bad line keeps its bytes and the reason."""
-    for index, (stem, number, line) in enumerate(criteo_file_lines(paths, loop)):
-        event_id = f"{stem}:{number}"
-        try:
-            yield event_id, parse_criteo_line(line, schema, event_id, BASE_TS_MS + index), b"", None
-        except DecodeError as exc:
-            yield event_id, None, line.encode(), f"line {number + 1} of {stem}: {exc}"
+def json_lines(table: pa.Table) -> list[bytes]:
+    """Each row of a bundle-layout table as one JSON object, built column-wise in Arrow (no Python
+    per value): {"<column>": value, ...}, null for a missing value."""
+    if not table.num_rows or not table.num_columns:
+        return []
+    pieces: list[object] = []  # '{"a":', values of a, ',"b":', values of b, ..., '}' joined with ""
+    for i, name in enumerate(table.column_names):
+        column = table.column(name).combine_chunks()
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            if _needs_escape(column):  # rare: let orjson quote these columns value by value
+                text = pa.array([None if v is None else orjson.dumps(v).decode() for v in column.to_pylist()])
+            else:
+                text = pc.binary_join_element_wise('"', column, '"', "")
+        else:
+            text = column.cast(pa.string())
+        pieces += [("{" if i == 0 else ",") + orjson.dumps(name).decode() + ":", pc.fill_null(text, "null")]
+    rows = pc.binary_join_element_wise(*pieces, "}", "")
+    offsets = np.frombuffer(rows.buffers()[1], dtype=np.int32, count=len(rows) + 1).tolist()
+    data = rows.buffers()[2].to_pybytes()  # the whole buffer: offsets index into it
+    return [data[start:end] for start, end in zip(offsets[:-1], offsets[1:], strict=True)]
 
 
-def synthetic_events(events: Iterable[dict[str, object]], schema: Schema) -> Iterator[Item]:
-    for event in events:
-        yield str(event[schema.event_id]), event, b"", None
+def table_records(table: pa.Table, schema: Schema, bundle: int = 1, fmt: str = "json") -> Iterator[ReplayRecord]:
+    """Encode a bundle-layout table as Kafka records: one JSON event each, or bundles of `bundle` rows."""
+    if fmt not in FORMATS:
+        raise StreamError(f"replay: bundle format {fmt!r}; use one of {list(FORMATS)}")
+    if not table.num_rows:
+        return
+    ids = table.column(schema.event_id).to_pylist()
+    if fmt == "arrow":
+        for start in range(0, table.num_rows, max(bundle, 1)):
+            part = table.slice(start, max(bundle, 1))
+            yield ReplayRecord(str(ids[start]).encode(), encode_table(part), part.num_rows)
+        return
+    lines = json_lines(table)
+    if bundle <= 1:
+        for key, line in zip(ids, lines, strict=True):
+            yield ReplayRecord(str(key).encode(), line, 1)
+        return
+    for start in range(0, len(lines), bundle):
+        chunk = lines[start : start + bundle]
+        yield ReplayRecord(str(ids[start]).encode(), b"\n".join(chunk), len(chunk))
 
 
-def to_records(items: Iterable[Item], schema: Schema, bundle: int = 1, fmt: str = "json") -> Iterator[Record]:
-    """Encode events as Kafka records: one JSON event each, or bundles of `bundle` events
-    (newline-separated JSON, or an Arrow batch with fmt="arrow"). Bad lines pass through with their reason."""
+def log_records(
+    paths: Iterable[str | Path], schema: Schema, loop: bool = False, bundle: int = 1, fmt: str = "json"
+) -> Iterator[ReplayRecord]:
+    """Raw log files (read by the schema's [source] table) -> records; bad rows become DLQ records."""
+    for block in read_log(paths, schema, loop):
+        for bad in block.bad:
+            yield ReplayRecord(bad.where.encode(), bad.raw, 0, f"{bad.where}: {bad.reason}")
+        yield from table_records(block.good, schema, bundle, fmt)
+
+
+def events_table(events: Iterable[dict[str, object]], schema: Schema) -> pa.Table:
+    """Event dicts (the synthetic generator's) -> a bundle-layout table."""
     from stream.bundle import encode_event_bundle
 
-    if fmt not in ("json", "arrow"):
-        raise StreamError(f"replay: bundle format {fmt!r}; use 'json' or 'arrow'")
-    pending: list[dict[str, object]] = []
-
-    def flush() -> Record:
-        key = str(pending[0][schema.event_id]).encode()
-        if fmt == "arrow":
-            value = encode_event_bundle(pending, schema)
-        else:
-            value = b"\n".join(orjson.dumps(e) for e in pending)
-        count = len(pending)
-        pending.clear()
-        return key, value, None, count
-
-    for event_id, event, raw, reason in items:
-        if event is None:
-            yield event_id.encode(), raw, reason, 0
-        elif bundle <= 1 and fmt == "json":
-            yield event_id.encode(), orjson.dumps(event), None, 1
-        else:
-            pending.append(event)
-            if len(pending) >= max(bundle, 1):
-                yield flush()
-    if pending:
-        yield flush()
-
-
-def criteo_records(
-    paths: Iterable[str | Path], schema: Schema, loop: bool = False, bundle: int = 1, fmt: str = "json"
-) -> Iterator[Record]:
-    return to_records(criteo_events(paths, schema, loop), schema, bundle, fmt)
+    return pa.ipc.open_stream(encode_event_bundle(list(events), schema)).read_all()
 
 
 def synthetic_records(
     events: Iterable[dict[str, object]], schema: Schema, bundle: int = 1, fmt: str = "json"
-) -> Iterator[Record]:
-    return to_records(synthetic_events(events, schema), schema, bundle, fmt)
+) -> Iterator[ReplayRecord]:
+    return table_records(events_table(events, schema), schema, bundle, fmt)
 
 
 def producer_config(kafka: KafkaSettings) -> dict[str, object]:
@@ -192,14 +179,14 @@ class KafkaWriter:
 
 
 def replay(
-    records: Iterable[Record],
+    records: Iterable[ReplayRecord],
     kafka: KafkaSettings,
     rate: float | None = None,
     limit: int | None = None,
     progress: bool = True,
     total: int | None = None,
 ) -> ReplaySummary:
-    """Produce records (see to_records) to Kafka: good ones to events_topic, bad lines to the DLQ."""
+    """Produce records (log_records, synthetic_records) to Kafka: events to events_topic, rejects to the DLQ."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     writer = KafkaWriter(kafka)
@@ -209,14 +196,14 @@ def replay(
     bar = Progress(TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), disable=not progress)
     with bar:
         task = bar.add_task("replay", total=limit or total)
-        for key, value, reason, count in records:
-            if reason is not None:
-                writer.send(kafka.dlq_topic, value, key, {"reason": reason, "stage": "replay"})
+        for record in records:
+            if record.reason is not None:
+                writer.send(kafka.dlq_topic, record.value, record.key, {"reason": record.reason, "stage": "replay"})
                 rejected += 1
                 continue
-            writer.send(kafka.events_topic, value, key)
-            events += count
-            nbytes += len(value)
+            writer.send(kafka.events_topic, record.value, record.key)
+            events += record.events
+            nbytes += len(record.value)
             if events >= next_report:
                 next_report = events + 1000
                 bar.update(task, completed=events)

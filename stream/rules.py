@@ -9,6 +9,7 @@ at once; the record itself is in the DLQ).
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -26,6 +27,7 @@ LABEL_MISSING = "missing; a training event needs a 0/1 label"
 LABEL = "must be 0 or 1"
 INTEGER = "must be an integer or null"
 INTEGER_RANGE = "integer out of range (|v| < 2^62)"
+FLOAT = "must be a finite number or null"
 CATEGORY = "must be a string or null"
 CATEGORY_HEX = "must be up to 8 hex digits"
 CATEGORY_LONG = f"longer than {MAX_CATEGORY_CHARS} characters"
@@ -60,6 +62,14 @@ def check_integer(value: object) -> str | None:
     return None if -INT_BOUND < value < INT_BOUND else INTEGER_RANGE
 
 
+def check_float(value: object) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return FLOAT
+    return None if math.isfinite(value) else FLOAT
+
+
 def check_category(value: object, hex32: bool) -> str | None:
     """A present category (None and "" are missing values, checked by the caller)."""
     if not isinstance(value, str):
@@ -82,3 +92,7 @@ def bad_labels(labels: np.ndarray) -> np.ndarray:
 
 def integers_out_of_range(values: np.ndarray) -> np.ndarray:
     return (values <= -INT_BOUND) | (values >= INT_BOUND)
+
+
+def bad_floats(values: np.ndarray, null: np.ndarray) -> np.ndarray:
+    return ~null & ~np.isfinite(values)

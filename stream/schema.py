@@ -17,15 +17,26 @@ from stream.errors import SchemaError
 
 SCHEMA_DIR = Path(__file__).parent / "schemas"
 ENCODINGS = ("hex32", "string")
-_KEYS = {
-    "name",
-    "label",
-    "event_id",
-    "timestamp",
-    "categorical_encoding",
-    "integer_fields",
-    "categorical_fields",
-}
+FORMATS = ("tsv", "csv", "jsonl")
+TIME_FORMATS = ("epoch_ms", "epoch_s")  # or a strftime pattern such as "%y%m%d%H"
+_REQUIRED = {"name", "label", "event_id", "timestamp", "categorical_encoding", "integer_fields", "categorical_fields"}
+_OPTIONAL = {"float_fields", "source"}
+_SOURCE_KEYS = {"format", "header", "columns", "delimiter", "label", "event_id", "time", "time_format"}
+
+
+@dataclass(frozen=True)
+class Source:
+    """How a raw log file of this schema is laid out (what `adstream replay` parses). Not part of
+    the schema hash: it changes how a log is read, not what the model sees."""
+
+    format: str = "tsv"  # "tsv", "csv" or "jsonl" (plain or .gz)
+    header: bool = False  # tsv/csv: the first line names the columns
+    columns: tuple[str, ...] = ()  # tsv/csv without a header: the column names ("" = label, then the fields in order)
+    delimiter: str = "\t"  # tsv/csv: the field separator
+    label: str = ""  # the column holding the 0/1 label ("" = the schema's label name)
+    event_id: str = ""  # the column holding the event id ("" = generated: "<file stem>:<row>")
+    time: str = ""  # the column holding the event time ("" = file order: a fixed base + the row index, ms)
+    time_format: str = "epoch_ms"  # "epoch_ms", "epoch_s" or a strftime pattern (Avazu: "%y%m%d%H")
 
 
 @dataclass(frozen=True)
@@ -38,6 +49,8 @@ class Schema:
     integer_fields: tuple[str, ...]  # count-like features: log-bucket ids AND dense floats
     categorical_fields: tuple[str, ...]  # categories: one id each
     hash: str  # content hash, 16 hex chars
+    float_fields: tuple[str, ...] = ()  # real-valued features: dense floats only (after the integers)
+    source: Source = Source()  # the raw log's layout, for replay
 
     @property
     def sparse_fields(self) -> tuple[str, ...]:
@@ -45,32 +58,83 @@ class Schema:
         return self.integer_fields + self.categorical_fields
 
     @property
+    def dense_fields(self) -> tuple[str, ...]:
+        """Dense columns, in order: signed log1p of each integer field, then each float field."""
+        return self.integer_fields + self.float_fields
+
+    @property
     def num_dense(self) -> int:
-        return len(self.integer_fields)
+        return len(self.integer_fields) + len(self.float_fields)
 
     @property
     def num_sparse(self) -> int:
         return len(self.integer_fields) + len(self.categorical_fields)
 
 
+def _names(content: dict[str, object], key: str, where: str) -> tuple[str, ...]:
+    value = content.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise SchemaError(f'{where}: {key} must be a list of field names, e.g. {key} = ["a", "b"]')
+    return tuple(value)
+
+
+def _source(content: object, schema_label: str, where: str) -> Source:
+    if content is None:
+        return Source()
+    if not isinstance(content, dict):
+        raise SchemaError(f'{where}: [source] must be a table, e.g. [source] format = "csv"')
+    unknown = set(content) - _SOURCE_KEYS
+    if unknown:
+        raise SchemaError(
+            f"{where}: unknown key(s) {sorted(unknown)} in [source]; allowed keys: {sorted(_SOURCE_KEYS)}"
+        )
+    fmt = content.get("format", "tsv")
+    if fmt not in FORMATS:
+        raise SchemaError(f"{where}: source.format={fmt!r}; use one of {list(FORMATS)}")
+    header = content.get("header", False)
+    columns = _names(content, "columns", f"{where} [source]")
+    time_format = str(content.get("time_format", "epoch_ms"))
+    if time_format not in TIME_FORMATS and "%" not in time_format:
+        raise SchemaError(
+            f"{where}: source.time_format={time_format!r}; use one of {list(TIME_FORMATS)} or a strftime pattern"
+        )
+    delimiter = str(content.get("delimiter", "\t" if fmt == "tsv" else ","))
+    if len(delimiter) != 1:
+        raise SchemaError(f'{where}: source.delimiter={delimiter!r}; use one character, e.g. ","')
+    return Source(
+        format=str(fmt),
+        header=bool(header),
+        columns=columns,
+        delimiter=delimiter,
+        label=str(content.get("label", "")) or schema_label,
+        event_id=str(content.get("event_id", "")),
+        time=str(content.get("time", "")),
+        time_format=time_format,
+    )
+
+
 def schema_from_dict(content: dict[str, object], where: str = "schema") -> Schema:
     """Validate a parsed schema file. Errors name the key and the fix."""
-    unknown = set(content) - _KEYS
+    unknown = set(content) - _REQUIRED - _OPTIONAL
     if unknown:
-        raise SchemaError(f"{where}: unknown key(s) {sorted(unknown)}; allowed keys: {sorted(_KEYS)}")
-    missing = _KEYS - set(content)
+        raise SchemaError(f"{where}: unknown key(s) {sorted(unknown)}; allowed keys: {sorted(_REQUIRED | _OPTIONAL)}")
+    missing = _REQUIRED - set(content)
     if missing:
         raise SchemaError(f"{where}: missing key(s) {sorted(missing)}")
     if content["categorical_encoding"] not in ENCODINGS:
         raise SchemaError(f"{where}: categorical_encoding={content['categorical_encoding']!r}; use one of {ENCODINGS}")
-    ints = tuple(str(f) for f in content["integer_fields"])  # type: ignore[attr-defined]
-    cats = tuple(str(f) for f in content["categorical_fields"])  # type: ignore[attr-defined]
-    names = [content["label"], content["event_id"], content["timestamp"], *ints, *cats]
+    ints = _names(content, "integer_fields", where)
+    floats = _names(content, "float_fields", where)
+    cats = _names(content, "categorical_fields", where)
+    names = [content["label"], content["event_id"], content["timestamp"], *ints, *floats, *cats]
     if len(set(names)) != len(names):
         raise SchemaError(f"{where}: a field name appears twice: {names}")
     if len(ints) + len(cats) >= 1 << 20:
         raise SchemaError(f"{where}: too many fields ({len(ints) + len(cats)}); at most 2^20")
-    canonical = json.dumps(content, sort_keys=True, separators=(",", ":")).encode()
+    source = _source(content.get("source"), str(content["label"]), where)
+    # the hash covers what the model sees: not [source], and optional keys only when they say something
+    hashed = {k: v for k, v in content.items() if k != "source" and (k in _REQUIRED or v)}
+    canonical = json.dumps(hashed, sort_keys=True, separators=(",", ":")).encode()
     return Schema(
         name=str(content["name"]),
         label=str(content["label"]),
@@ -80,6 +144,8 @@ def schema_from_dict(content: dict[str, object], where: str = "schema") -> Schem
         integer_fields=ints,
         categorical_fields=cats,
         hash=hashlib.sha256(canonical).hexdigest()[:16],
+        float_fields=floats,
+        source=source,
     )
 
 

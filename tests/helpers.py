@@ -114,3 +114,31 @@ def trained_trainer(schema, steps: int = 5) -> Trainer:
         events = [event_from_mapping(criteo_event(s * 50 + i), schema) for i in range(50)]
         trainer.learn(batch_from_features([featurize(events, schema)], {0: s + 1}))
     return trainer
+
+
+AVAZU_COLUMNS = ["id", "click", "hour", "C1", "banner_pos", "site_id", "site_domain", "site_category", "app_id"]
+AVAZU_COLUMNS += ["app_domain", "app_category", "device_id", "device_ip", "device_model", "device_type"]
+AVAZU_COLUMNS += ["device_conn_type", "C14", "C15", "C16", "C17", "C18", "C19", "C20", "C21"]
+
+
+def avazu_csv(path: Path, rows: int, bad_rows: tuple[int, ...] = (), seed: int = 0) -> Path:
+    """An Avazu-shaped CSV (the public layout: header, 20-digit ids, click, hour YYMMDDHH, string
+    categories) whose click depends on site_id and device_type; row bad_rows[0] has a bad hour,
+    row bad_rows[1] a click of 2."""
+    rng = np.random.default_rng(seed)
+    lines = [",".join(AVAZU_COLUMNS)]
+    for i in range(rows):
+        site, device = int(rng.integers(0, 8)), int(rng.integers(0, 3))
+        p = 0.08 + 0.25 * (site < 2) + 0.2 * (device == 1)
+        click = int(rng.random() < p)
+        hour = f"141021{i * 24 // max(rows, 1):02d}"
+        if bad_rows and i == bad_rows[0]:
+            hour = "notanhour"
+        if len(bad_rows) > 1 and i == bad_rows[1]:
+            click = 2
+        values = [str(10**19 + i), str(click), hour, "1005", str(i % 2), f"site{site}", f"dom{site}", "cat0"]
+        values += ["ecad2386", "7801e8d9", "07d7df22", f"dev{i % 5}", f"ip{i}", f"model{device}", str(device)]
+        values += ["0", str(15000 + site), "320", "50", "1722", "0", "35", "-1", "79"]
+        lines.append(",".join(values))
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -34,3 +36,12 @@ def test_garbage_and_foreign_batches_are_refused():
         writer.write_table(table)
     with pytest.raises(BatchCodecError, match="format"):
         decode_batch(sink.getvalue().to_pybytes())
+
+
+def test_a_schema_without_dense_fields_round_trips():
+    batch = random_feature_batch(5)
+    no_dense = dataclasses.replace(batch, dense=np.zeros((5, 0), np.float32))
+    back = decode_batch(encode_batch(no_dense))
+    assert back.dense.shape == (5, 0) and np.array_equal(back.ids, batch.ids)
+    empty = decode_batch(encode_batch(no_dense.slice(0, 0)))
+    assert empty.dense.shape == (0, 0) and empty.ids.shape == (0, batch.ids.shape[1])

@@ -78,7 +78,7 @@ class OnlineNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = (x - self.mean) / torch.sqrt(self.var + self.eps)
-        if self.training and len(x):
+        if self.training and x.numel():  # (an event stream with no dense fields has nothing to follow)
             with torch.no_grad():
                 n = float(len(x))
                 batch_mean = x.mean(dim=0)

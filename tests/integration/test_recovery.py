@@ -44,8 +44,8 @@ def produce_batches(config: Config) -> set[tuple[int, int]]:
     bundles = list(synthetic_records(events, schema, bundle=EVENTS_PER_RECORD, fmt="arrow"))
     producer = Producer({"bootstrap.servers": config.kafka.bootstrap})
     produced = set()
-    for i, (_, value, _, _) in enumerate(bundles):
-        batch, rejected = featurize_records([RawRecord(0, i, value)], schema)
+    for i, record in enumerate(bundles):
+        batch, rejected = featurize_records([RawRecord(0, i, record.value)], schema)
         assert not rejected
         partition = i % 2
         producer.produce(config.kafka.batches_topic, encode_batch(batch), partition=partition)

@@ -6,7 +6,7 @@ import orjson
 
 from stream.batch_codec import decode_batch
 from stream.bundle import encode_event_bundle
-from stream.replay import KafkaWriter, criteo_records, replay
+from stream.replay import KafkaWriter, log_records, replay
 from stream.schema import load_schema
 from stream.topics import ensure_topics
 from tests.integration.helpers import drain, start_cli, stop_process
@@ -26,7 +26,7 @@ def test_replay_stream_batches_exact_and_dlq(isolated, tmp_path):
         else:
             lines.append(GOOD_LINE.replace("\t1\t2\t", f"\t{i}\t2\t", 1))
     tsv.write_text("\n".join(lines) + "\n")
-    summary = replay(criteo_records([tsv], schema), kafka, progress=False)
+    summary = replay(log_records([tsv], schema), kafka, progress=False)
     assert summary.events == 2994 and summary.rejected == 6
     writer = KafkaWriter(kafka)  # malformed events straight onto the events topic
     writer.send(kafka.events_topic, b"{not json", b"bad-1")
