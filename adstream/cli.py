@@ -70,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("stream", help="run the Faust featurizer: events -> Arrow batches (+ DLQ)")
     p.add_argument("--loglevel", default="warning")
+    p.add_argument(
+        "--workers",
+        type=int,
+        help="worker processes of the one app; they split the partitions (default stream.workers)",
+    )
     p.set_defaults(func=cmd_stream)
 
     p = sub.add_parser("train", help="train online from the batches topic, publish snapshots to MLflow")

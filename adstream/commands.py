@@ -90,10 +90,16 @@ def cmd_replay(args: argparse.Namespace) -> None:
 
 
 def cmd_stream(args: argparse.Namespace) -> None:
-    from stream.app import run_worker
+    from stream.app import run_worker, run_workers
 
     config = _config(args)
-    run_worker(config.kafka, config.stream, loglevel=args.loglevel)
+    workers = args.workers or config.stream.workers
+    if workers < 1:
+        raise CliError(f"stream --workers {workers}: use 1 or more worker processes")
+    if workers == 1:
+        run_worker(config.kafka, config.stream, loglevel=args.loglevel)
+    else:
+        sys.exit(run_workers(config.kafka, config.stream, workers, loglevel=args.loglevel))
 
 
 def cmd_train(args: argparse.Namespace) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import gzip
 import io
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -69,7 +69,8 @@ def _open(path: Path) -> io.BufferedIOBase:
 
 
 def _text_blocks(path: Path, schema: Schema, bad: list[BadLine]) -> Iterator[pa.Table]:
-    """Tables of text columns (null for an empty value); malformed lines are appended to `bad`."""
+    """Tables of text columns (null for an empty value); malformed lines are appended to `bad`
+    (their `where` is "<stem>:<row>", the row counting data lines from 0)."""
     source = schema.source
     if source.format == "jsonl":
         yield from _json_blocks(path, bad)
@@ -82,7 +83,7 @@ def _text_blocks(path: Path, schema: Schema, bad: list[BadLine]) -> Iterator[pa.
         names = _columns(schema)
 
     def malformed(row: pcsv.InvalidRow) -> str:
-        where = f"{path.stem}:{row.number - 1 - int(source.header)}" if row.number else path.stem  # 1-based
+        where = f"{path.stem}:{row.number - 1 - int(source.header)}" if row.number else path.stem  # number: 1-based
         reason = f"expected {row.expected_columns} {source.format} columns, got {row.actual_columns}"
         bad.append(BadLine(where, row.text.encode(), reason))
         return "skip"
@@ -177,12 +178,11 @@ def _as_time(column: pa.Array, time_format: str) -> tuple[pa.Array, np.ndarray]:
 
 
 def to_bundle_layout(
-    text: pa.Table, schema: Schema, stem: str, file_row: int, replay_row: int
+    text: pa.Table, schema: Schema, stem: str, rows: np.ndarray, replay_base: int
 ) -> tuple[pa.Table, dict[str, tuple[np.ndarray, str]]]:
     """A block as read -> (the bundle-layout table, per field the rows whose text did not parse).
-    file_row / replay_row: the block's first row within its file / within the whole replay."""
+    rows int64 (n,): each row's data-line index in its file; replay_base: lines of earlier files."""
     source = schema.source
-    n = text.num_rows
     missing = [c for c in (source.label, source.event_id, source.time) if c and c not in text.column_names]
     missing += [f for f in (*schema.dense_fields, *schema.categorical_fields) if f not in text.column_names]
     if missing:
@@ -199,13 +199,12 @@ def to_bundle_layout(
     if source.event_id:
         columns[schema.event_id] = column(source.event_id).cast(pa.string())
     else:
-        numbers = pa.array(np.arange(file_row, file_row + n)).cast(pa.string())
-        columns[schema.event_id] = pc.binary_join_element_wise(f"{stem}:", numbers, "")
+        columns[schema.event_id] = pc.binary_join_element_wise(f"{stem}:", pa.array(rows).cast(pa.string()), "")
     if source.time:
         ts, bad = _as_time(column(source.time), source.time_format)
         columns[schema.timestamp], unparsed[schema.timestamp] = ts, (bad, rules.TIMESTAMP)
     else:
-        columns[schema.timestamp] = pa.array(BASE_TS_MS + np.arange(replay_row, replay_row + n), pa.int64())
+        columns[schema.timestamp] = pa.array(BASE_TS_MS + replay_base + rows, pa.int64())
     label, bad, long = _as_int(column(source.label))
     columns[schema.label], unparsed[schema.label] = label, (bad | long, rules.LABEL)
     for name in schema.integer_fields:
@@ -224,30 +223,35 @@ def to_bundle_layout(
 
 def read_log(paths: Iterable[str | Path], schema: Schema, loop: bool = False) -> Iterator[LogBlock]:
     """LogBlocks over the files in order (forever with loop; later rounds' ids get "#<round>")."""
-    rounds = replay_row = 0
+    rounds = replay_base = 0
     while True:
         for path in map(Path, paths):
             stem = path.stem if not rounds else f"{path.stem}#{rounds}"
-            file_row = 0
+            next_row = 0  # data lines of this file seen so far, malformed ones included
             bad: list[BadLine] = []
             for text in _text_blocks(path, schema, bad):
-                table, unparsed = to_bundle_layout(text, schema, stem, file_row, replay_row)
+                # the block's rows are its span of lines less the malformed ones found while reading it
+                skipped = [int(b.where.rsplit(":", 1)[1]) for b in bad if ":" in b.where]
+                span = np.arange(next_row, next_row + text.num_rows + len(bad))
+                rows = np.setdiff1d(span, skipped)[: text.num_rows] if skipped else span[: text.num_rows]
+                table, unparsed = to_bundle_layout(text, schema, stem, rows, replay_base)
                 checked = check_table(table, schema, unparsed, values_too=False)
                 if isinstance(checked, str):
                     raise StreamError(f"replay {path}: {checked}")
+                bad = [replace(b, where=b.where.replace(path.stem, stem, 1)) for b in bad]
                 ok = checked.good()
                 if not ok.all():
-                    rows = text.to_pylist()
+                    lines = text.to_pylist()
                     for i in np.nonzero(~ok)[0]:
-                        where = f"{stem}:{file_row + i}"
-                        bad.append(BadLine(where, orjson.dumps(rows[i]), str(checked.reasons[i])))
+                        bad.append(BadLine(f"{stem}:{rows[i]}", orjson.dumps(lines[i]), str(checked.reasons[i])))
                     table = table.filter(pa.array(ok))
                 yield LogBlock(table, tuple(bad))
+                next_row = int(span[-1]) + 1 if len(span) else next_row
                 bad = []
-                file_row += text.num_rows
-                replay_row += text.num_rows
             if bad:  # a file of malformed lines only
                 yield LogBlock(pa.table({}), tuple(bad))
+                next_row += len(bad)
+            replay_base += next_row
         rounds += 1
         if not loop:
             return

@@ -36,7 +36,8 @@ class StreamSettings:
     take_records: int = at_least(1, 1024)  # Kafka records per agent iteration (lower it when records are large bundles)
     batch_within_s: float = at_least(0, 1.0)  # flush a partial batch after this many seconds
     app_id: str = "adstream-featurizer"  # Faust app id = Kafka consumer group
-    metrics_port: int = at_least(0, 0)  # Prometheus endpoint of the worker; 0 = off
+    metrics_port: int = at_least(0, 0)  # Prometheus endpoint of the worker (worker i: port + i); 0 = off
+    workers: int = at_least(1, 1)  # Faust worker processes of the one app (they share the partitions)
 
     def __post_init__(self) -> None:
         check_fields(self, "stream", StreamError)

@@ -50,6 +50,7 @@ def test_bad_lines_are_explained_and_the_rest_kept(schema, tmp_path, line, reaso
     records = list(log_records([path], schema))
     bad = [r for r in records if r.reason is not None]
     assert [r.events for r in records if r.reason is None] == [1, 1]
+    assert [r.key for r in records if r.reason is None] == [b"day_1:0", b"day_1:2"]  # ids are line numbers
     assert len(bad) == 1 and bad[0].reason == f"day_1:1: {reason}" and bad[0].key == b"day_1:1"
 
 
