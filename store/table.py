@@ -125,8 +125,9 @@ class EmbeddingTable:
         """(F, dim): the current vector of each field's shared row."""
         return self.shared_rows()[:, : self.dim]
 
-    def lookup(self, ids: np.ndarray, device: torch.device | str = "cpu") -> Lookup:
-        """ids int64 (n, F) (or any shape with min_count 1) -> the Lookup of their rows."""
+    def lookup(self, ids: np.ndarray, device: torch.device | str = "cpu", columns: np.ndarray | None = None) -> Lookup:
+        """ids int64 (n, F) -> the Lookup of their rows; or ids of any shape with `columns` (same
+        shape): each id's field, which admission needs to find its shared row (min_count 1: any shape)."""
         flat = ids.reshape(-1)
         unique, inverse = np.unique(flat, return_inverse=True)
         inverse = inverse.reshape(-1)
@@ -140,19 +141,24 @@ class EmbeddingTable:
             return self._finish(
                 unique, inverse, rows, rows[:, : self.dim], counts, np.zeros(0, np.int64), len(fresh), device
             )
-        return self._lookup_admitting(ids, unique, inverse, device)
+        if columns is None:
+            fields = 0 if self.shared_ids is None else len(self.shared_ids)
+            if ids.ndim != 2 or ids.shape[1] > fields:
+                raise StoreError(
+                    f"EmbeddingTable.lookup: ids of shape {ids.shape}; admission needs (n, <= {fields}) or columns"
+                )
+            columns = np.tile(np.arange(ids.shape[1]), ids.shape[0])
+        return self._lookup_admitting(columns.reshape(-1), unique, inverse, device)
 
     def _lookup_admitting(
-        self, ids: np.ndarray, unique: np.ndarray, inverse: np.ndarray, device: torch.device | str
+        self, field_of: np.ndarray, unique: np.ndarray, inverse: np.ndarray, device: torch.device | str
     ) -> Lookup:
+        """field_of (n,): each looked-up position's field (for its shared row)."""
         assert self.shared_ids is not None
-        fields = len(self.shared_ids)
-        if ids.ndim != 2 or ids.shape[1] != fields:
-            raise StoreError(f"EmbeddingTable.lookup: ids of shape {ids.shape}; admission needs (n, {fields})")
         rows, found = self.tier.read(unique)
         rows = rows.cpu()
         columns = np.zeros(len(unique), dtype=np.int64)
-        columns[inverse] = np.tile(np.arange(fields), ids.shape[0])
+        columns[inverse] = field_of
         vectors = rows[:, : self.dim].clone()
         missing = np.nonzero(~found)[0]
         if len(missing) == 0:

@@ -3,6 +3,7 @@
 Columns: label f32, dense fixed_list<f32>[D], ids fixed_list<i64>[F], ts i64, event_id str,
 partition i32, offset i64. Schema metadata carries the schema hash, a format version and the two
 widths (Arrow has no fixed list of size 0: a schema without dense fields sends a null column).
+List fields follow as list<i64> columns `list0`, `list1`, ... (their offsets are the starts).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ def encode_batch(batch: FeatureBatch) -> bytes:
         pa.array(batch.offsets, type=pa.int64()),
     ]
     names = ["label", "dense", "ids", "ts", "event_id", "partition", "offset"]
+    for j, (starts, ids) in enumerate(batch.lists):
+        columns.append(pa.ListArray.from_arrays(pa.array(starts, pa.int32()), pa.array(ids, pa.int64())))
+        names.append(f"list{j}")
     meta = {
         b"schema_hash": batch.schema_hash.encode(),
         b"format": FORMAT_VERSION,
@@ -82,4 +86,12 @@ def decode_batch(data: bytes) -> FeatureBatch:
         partitions=table.column("partition").to_numpy().astype(np.int32, copy=False),
         offsets=table.column("offset").to_numpy().astype(np.int64, copy=False),
         schema_hash=meta[b"schema_hash"].decode(),
+        lists=tuple(_list(table.column(name)) for name in table.column_names if name.startswith("list")),
     )
+
+
+def _list(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    starts = array.offsets.to_numpy().astype(np.int64)
+    ids = array.values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    return starts - starts[0], ids[starts[0] : starts[-1]]

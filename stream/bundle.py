@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stream import rules
-from stream.featurize import features_from_columns, string_id
+from stream.featurize import FIELD_SHIFT, features_from_columns, missing_id, string_id
 from stream.records import FeatureBatch, RawRecord, Rejected
 from stream.schema import Schema
 
@@ -47,6 +47,8 @@ def encode_event_bundle(events: Sequence[dict[str, object]], schema: Schema) -> 
         columns[name] = pa.array([e[name] for e in events], pa.float64())
     for name in schema.categorical_fields:
         columns[name] = pa.array([e[name] for e in events], pa.string())
+    for name in schema.list_fields:
+        columns[name] = pa.array([e[name] for e in events], pa.list_(pa.string()))
     return encode_table(pa.Table.from_pydict(columns))
 
 
@@ -127,9 +129,48 @@ class CheckedTable:
     cats: np.ndarray  # int64 (n, C): hex32 values or hashed string ids
     cat_missing: np.ndarray  # bool (n, C)
     reasons: list[str | None]  # None for a good row
+    lists: tuple[tuple[np.ndarray, np.ndarray], ...] = ()  # per list field (starts (n + 1,), ids): see FeatureBatch
 
     def good(self) -> np.ndarray:
         return np.array([r is None for r in self.reasons], dtype=bool)
+
+
+def take_rows(starts: np.ndarray, ids: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One list field's (starts, ids) restricted to the rows where keep (n,) is True."""
+    lengths = np.diff(starts)
+    kept = np.concatenate([[0], np.cumsum(lengths[keep])]).astype(np.int64)
+    return kept, ids[np.repeat(keep, lengths)]
+
+
+def _list_column(
+    column: pa.Array, name: str, field: int, schema: Schema, reasons: _Reasons, values_too: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """A list<string> column -> (starts (n + 1,), ids) by list_ids' rule (empty strings skipped, an
+    event without values gets the missing id), flagging rows with too many or bad values."""
+    n = len(column)
+    lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    reasons.flag(lengths > rules.MAX_LIST_VALUES, rules.reason(name, rules.LIST_LONG))
+    values = pc.list_flatten(column)  # nulls are no values; flatten keeps the order
+    owner = np.repeat(np.arange(n), lengths)
+    present = pc.fill_null(pc.not_equal(values, ""), False).to_numpy(zero_copy_only=False)
+    hex32 = schema.categorical_encoding == "hex32"
+    too_long = pc.fill_null(pc.utf8_length(values), 0).to_numpy(zero_copy_only=False) > rules.MAX_CATEGORY_CHARS
+    reasons.flag(np.bincount(owner[too_long], minlength=n) > 0, rules.reason(name, rules.CATEGORY_LONG))
+    if hex32:
+        ids, _, bad = _hex_values(values) if len(values) else (np.zeros(0, np.int64), None, np.zeros(0, bool))
+        reasons.flag(np.bincount(owner[bad], minlength=n) > 0, rules.reason(name, rules.CATEGORY_HEX))
+        ids = (field << FIELD_SHIFT) | ids
+    elif values_too:
+        ids = np.array([string_id(field, v) if v else 0 for v in values.to_pylist()], dtype=np.int64)
+    else:
+        ids = np.zeros(len(values), np.int64)
+    counts = np.bincount(owner[present], minlength=n)
+    empty = counts == 0  # no values: the missing id stands in
+    owner_all = np.concatenate([owner[present], np.nonzero(empty)[0]])
+    ids_all = np.concatenate([ids[present], np.full(int(empty.sum()), missing_id(field), np.int64)])
+    order = np.argsort(owner_all, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(np.maximum(counts, 1))]).astype(np.int64)
+    return starts, ids_all[order]
 
 
 def _column(table: pa.Table, name: str) -> pa.Array:
@@ -217,6 +258,12 @@ def check_table(
     if not (pa.types.is_integer(ids_col.type) or pa.types.is_string(ids_col.type) or pa.types.is_null(ids_col.type)):
         return f"{schema.event_id}: column type {ids_col.type}, expected strings or integers"
     columns = _string_columns(table, schema.categorical_fields)
+    for name in schema.list_fields:
+        if name not in table.column_names:
+            return rules.reason(name, f"{rules.MISSING_FIELD} (no such column in the Arrow bundle)")
+        kind = table.schema.field(name).type
+        if not (pa.types.is_null(kind) or (pa.types.is_list(kind) and pa.types.is_string(kind.value_type))):
+            return f"{name}: column type {kind}, expected lists of strings"
     for result in (*numbers.values(), columns):
         if isinstance(result, str):
             return result
@@ -245,6 +292,11 @@ def check_table(
         values, null = parsed[name]
         flag(name, rules.bad_floats(values, null), rules.FLOAT)
     cats, cat_missing = _categories(columns, n, schema, reasons, values_too)  # type: ignore[arg-type]
+    lists = []
+    for j, name in enumerate(schema.list_fields):
+        column = _column(table, name)
+        column = column.cast(pa.list_(pa.string())) if pa.types.is_null(column.type) else column
+        lists.append(_list_column(column, name, schema.num_sparse + j, schema, reasons, values_too))
 
     def stack(names: Sequence[str], i: int, dtype: type) -> np.ndarray:
         return np.stack([parsed[f][i] for f in names], axis=1) if names else np.zeros((n, 0), dtype)
@@ -260,6 +312,7 @@ def check_table(
         cats=cats,
         cat_missing=cat_missing,
         reasons=reasons.of_row,
+        lists=tuple(lists),
     )
 
 
@@ -292,5 +345,6 @@ def featurize_arrow_bundle(record: RawRecord, schema: Schema) -> tuple[FeatureBa
         partitions=np.full(m, record.partition, dtype=np.int32),
         offsets=np.full(m, record.offset, dtype=np.int64),
         schema_hash=schema.hash,
+        lists=tuple(take_rows(starts, ids, ok) for starts, ids in c.lists),
     )
     return batch, rejected

@@ -41,7 +41,8 @@ def event_from_mapping(obj: Any, schema: Schema, require_label: bool = True) -> 
     floats = tuple(_float(_checked(obj, name, rules.check_float)) for name in schema.float_fields)
     hex32 = schema.categorical_encoding == "hex32"
     cats = tuple(_category(obj, name, hex32) for name in schema.categorical_fields)
-    return Event(str(event_id), ts, None if label is None else int(label), ints, cats, floats)
+    lists = tuple(_values(_checked(obj, name, lambda v: rules.check_list(v, hex32))) for name in schema.list_fields)
+    return Event(str(event_id), ts, None if label is None else int(label), ints, cats, floats, lists)
 
 
 def split_bundle(value: bytes) -> Iterator[bytes]:
@@ -63,6 +64,10 @@ def _checked(obj: Mapping[str, Any], name: str, check: Callable[[Any], str | Non
     if broken:
         raise DecodeError(name, broken)
     return value
+
+
+def _values(value: Any) -> tuple[str, ...]:
+    return tuple(v for v in value if v) if value else ()
 
 
 def _float(value: Any) -> float | None:

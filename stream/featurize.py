@@ -6,11 +6,12 @@ Feature ids are 64-bit and need no vocabulary:
   missing value:      id = field << 33 | 1 << 32         (outside any real value; 0xffffffff is real)
   shared (rare) row:  id = field << 33 | 1 << 32 | 1     (the field's row for ids not yet admitted)
   string categories:  id = 1 << 62 | blake2b-62(field, value)   (stable hash, for other schemas)
-field = position in schema.sparse_fields (integer fields first). Ids stay below 2^63, so they fit
-torch's int64.
+field = position in schema.sparse_fields (integer fields first), then the list fields after them
+(schema.num_fields in all). A list field gives an id per value by the categories' rule, and its
+missing id for an event without values (`list_ids`). Ids stay below 2^63, so they fit torch's int64.
 
-Every path (Event objects from JSON, Arrow bundles) ends in `features_from_columns`, one
-vectorized function, so stream-time and serve-time features cannot drift apart.
+Every path (Event objects from JSON, Arrow bundles) ends in `features_from_columns` and `list_ids`
+(bundles: their vectorized twin), so stream-time and serve-time features cannot drift apart.
 """
 
 from __future__ import annotations
@@ -69,8 +70,8 @@ def shared_id(field: int) -> int:
 
 
 def shared_ids(schema: Schema) -> np.ndarray:
-    """int64 (F,): shared_id of every sparse field, in column order."""
-    return np.array([shared_id(f) for f in range(schema.num_sparse)], dtype=np.int64)
+    """int64 (F + L,): shared_id of every field the model sees (single-id fields, then list fields)."""
+    return np.array([shared_id(f) for f in range(schema.num_fields)], dtype=np.int64)
 
 
 def features_from_columns(
@@ -100,6 +101,23 @@ def features_from_columns(
     if floats is not None and float_missing is not None and floats.shape[1]:
         dense = np.concatenate([dense, np.where(float_missing, 0.0, floats).astype(np.float32)], axis=1)
     return np.concatenate([int_ids, cat_ids], axis=1).astype(np.int64), dense.astype(np.float32)
+
+
+def list_ids(values: Sequence[Sequence[str]], field: int, hex32: bool) -> tuple[np.ndarray, np.ndarray]:
+    """One list field of n events -> (starts int64 (n + 1,), ids int64): an id per value, by the
+    categories' rule (hex32: field << 33 | value; strings: hashed), the field's missing id for an
+    event without values."""
+    lengths = np.array([max(len(v), 1) for v in values], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    flat: list[int] = []
+    for event_values in values:
+        if not event_values:
+            flat.append(missing_id(field))
+        elif hex32:
+            flat.extend((field << FIELD_SHIFT) | int(v, 16) for v in event_values)
+        else:
+            flat.extend(string_id(field, v) for v in event_values)
+    return starts, np.array(flat, dtype=np.int64)
 
 
 def event_ids(event: Event, schema: Schema) -> list[int]:
@@ -139,6 +157,10 @@ def featurize(
         partitions=np.asarray(partitions if partitions is not None else [-1] * n, dtype=np.int32),
         offsets=np.asarray(offsets if offsets is not None else [-1] * n, dtype=np.int64),
         schema_hash=schema.hash,
+        lists=tuple(
+            list_ids([e.lists[j] for e in events], schema.num_sparse + j, schema.categorical_encoding == "hex32")
+            for j in range(len(schema.list_fields))
+        ),
     )
 
 
@@ -178,5 +200,5 @@ def featurize_records(records: Sequence[RawRecord], schema: Schema) -> tuple[Fea
     if good:
         parts.insert(0, featurize(good, schema, parts_idx, offs))
     if not parts:
-        return FeatureBatch.empty(schema.num_dense, schema.num_sparse, schema.hash), rejected
+        return FeatureBatch.empty(schema.num_dense, schema.num_sparse, schema.hash, len(schema.list_fields)), rejected
     return FeatureBatch.concat(parts), rejected

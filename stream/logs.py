@@ -59,7 +59,13 @@ def _columns(schema: Schema) -> list[str]:
     """The column names of a log without a header line."""
     if schema.source.columns:
         return list(schema.source.columns)
-    return [schema.source.label, *schema.integer_fields, *schema.float_fields, *schema.categorical_fields]
+    return [
+        schema.source.label,
+        *schema.integer_fields,
+        *schema.float_fields,
+        *schema.categorical_fields,
+        *schema.list_fields,
+    ]
 
 
 def _open(path: Path) -> io.BufferedIOBase:
@@ -184,7 +190,9 @@ def to_bundle_layout(
     rows int64 (n,): each row's data-line index in its file; replay_base: lines of earlier files."""
     source = schema.source
     missing = [c for c in (source.label, source.event_id, source.time) if c and c not in text.column_names]
-    missing += [f for f in (*schema.dense_fields, *schema.categorical_fields) if f not in text.column_names]
+    missing += [
+        f for f in (*schema.dense_fields, *schema.categorical_fields, *schema.list_fields) if f not in text.column_names
+    ]
     if missing:
         raise StreamError(
             f"replay {stem}: no column(s) {missing} in the log (it has {text.column_names[:8]}...); "
@@ -218,6 +226,12 @@ def to_bundle_layout(
     for name in schema.categorical_fields:
         values = column(name)
         columns[name] = values if pa.types.is_string(values.type) else values.cast(pa.string())
+    for name in schema.list_fields:  # a cell "a|b|c" (tsv/csv), or a JSON array (jsonl)
+        values = column(name)
+        if pa.types.is_list(values.type) or pa.types.is_null(values.type):
+            columns[name] = values.cast(pa.list_(pa.string()))
+        else:
+            columns[name] = pc.split_pattern(values.cast(pa.string()), source.list_separator)
     return pa.table(columns), unparsed
 
 

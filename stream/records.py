@@ -23,6 +23,7 @@ class Event:
     ints: tuple[int | None, ...]  # one per schema.integer_fields
     cats: tuple[str | None, ...]  # one per schema.categorical_fields, as sent (hex or string)
     floats: tuple[float | None, ...] = ()  # one per schema.float_fields
+    lists: tuple[tuple[str, ...], ...] = ()  # one per schema.list_fields: its values (empty = missing)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class FeatureBatch:
     partitions  int32   (n,)          Kafka partition of the source record (-1: not from Kafka)
     offsets     int64   (n,)          Kafka offset of the source record (-1: not from Kafka)
     schema_hash str                   the schema the ids were computed under
+    lists       per list field: (starts int64 (n + 1,), ids int64 (total,)); event i's ids are
+                ids[starts[i]:starts[i + 1]], never empty (an empty list is the field's missing id)
     """
 
     labels: np.ndarray
@@ -66,12 +69,13 @@ class FeatureBatch:
     partitions: np.ndarray
     offsets: np.ndarray
     schema_hash: str
+    lists: tuple[tuple[np.ndarray, np.ndarray], ...] = ()
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
     @classmethod
-    def empty(cls, num_dense: int, num_sparse: int, schema_hash: str) -> FeatureBatch:
+    def empty(cls, num_dense: int, num_sparse: int, schema_hash: str, num_lists: int = 0) -> FeatureBatch:
         """A batch of no events with the right column widths."""
         return cls(
             labels=np.zeros(0, np.float32),
@@ -82,6 +86,7 @@ class FeatureBatch:
             partitions=np.zeros(0, np.int32),
             offsets=np.zeros(0, np.int64),
             schema_hash=schema_hash,
+            lists=tuple((np.zeros(1, np.int64), np.zeros(0, np.int64)) for _ in range(num_lists)),
         )
 
     @classmethod
@@ -102,6 +107,7 @@ class FeatureBatch:
             partitions=np.concatenate([p.partitions for p in parts]),
             offsets=np.concatenate([p.offsets for p in parts]),
             schema_hash=parts[0].schema_hash,
+            lists=tuple(concat_lists([p.lists[j] for p in parts]) for j in range(len(parts[0].lists))),
         )
 
     def slice(self, start: int, end: int) -> FeatureBatch:
@@ -115,6 +121,7 @@ class FeatureBatch:
             partitions=self.partitions[start:end],
             offsets=self.offsets[start:end],
             schema_hash=self.schema_hash,
+            lists=tuple(slice_list(starts, ids, start, min(end, len(self))) for starts, ids in self.lists),
         )
 
     def split(self, size: int) -> list[FeatureBatch]:
@@ -122,3 +129,19 @@ class FeatureBatch:
         if size < 1:
             raise StreamError(f"FeatureBatch.split: size={size}; must be >= 1")
         return [self.slice(start, start + size) for start in range(0, len(self), size)]
+
+
+def concat_lists(parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """One list field's (starts, ids) of several batches -> the field's (starts, ids) of them all."""
+    starts, total = [np.zeros(1, np.int64)], 0
+    for part_starts, _ in parts:
+        starts.append(part_starts[1:] - part_starts[0] + total)
+        total += int(part_starts[-1] - part_starts[0])
+    ids = [part_ids[part_starts[0] : part_starts[-1]] for part_starts, part_ids in parts]
+    return np.concatenate(starts).astype(np.int64), np.concatenate(ids).astype(np.int64)
+
+
+def slice_list(starts: np.ndarray, ids: np.ndarray, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+    """Events [start, end) of one list field, with starts from 0."""
+    end = max(end, start)
+    return starts[start : end + 1] - starts[start], ids[starts[start] : starts[end]]

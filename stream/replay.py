@@ -74,6 +74,8 @@ def json_lines(table: pa.Table) -> list[bytes]:
                 text = pa.array([None if v is None else orjson.dumps(v).decode() for v in column.to_pylist()])
             else:
                 text = pc.binary_join_element_wise('"', column, '"', "")
+        elif pa.types.is_list(column.type):  # list fields: JSON arrays, value by value
+            text = pa.array([None if v is None else orjson.dumps(v).decode() for v in column.to_pylist()], pa.string())
         else:
             text = column.cast(pa.string())
         pieces += [("{" if i == 0 else ",") + orjson.dumps(name).decode() + ":", pc.fill_null(text, "null")]

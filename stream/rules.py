@@ -31,6 +31,9 @@ FLOAT = "must be a finite number or null"
 CATEGORY = "must be a string or null"
 CATEGORY_HEX = "must be up to 8 hex digits"
 CATEGORY_LONG = f"longer than {MAX_CATEGORY_CHARS} characters"
+MAX_LIST_VALUES = 1024  # most values in one list field of one event
+LIST = "must be an array of strings or null"
+LIST_LONG = f"more than {MAX_LIST_VALUES} values"
 
 
 def reason(field: str, rule: str) -> str:
@@ -79,6 +82,17 @@ def check_category(value: object, hex32: bool) -> str | None:
     if hex32 and not HEX32_RE.fullmatch(value):
         return CATEGORY_HEX
     return None
+
+
+def check_list(value: object, hex32: bool) -> str | None:
+    """A list field: null, or an array of strings each a valid category ("" values are skipped)."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        return LIST
+    if len(value) > MAX_LIST_VALUES:
+        return LIST_LONG
+    return next((broken for v in value if v and (broken := check_category(v, hex32))), None)
 
 
 # --- whole columns (Arrow bundles): a bool mask (n,) of the values breaking the rule ----------

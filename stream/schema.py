@@ -20,8 +20,19 @@ ENCODINGS = ("hex32", "string")
 FORMATS = ("tsv", "csv", "jsonl")
 TIME_FORMATS = ("epoch_ms", "epoch_s")  # or a strftime pattern such as "%y%m%d%H"
 _REQUIRED = {"name", "label", "event_id", "timestamp", "categorical_encoding", "integer_fields", "categorical_fields"}
-_OPTIONAL = {"float_fields", "source"}
-_SOURCE_KEYS = {"format", "header", "columns", "delimiter", "label", "event_id", "time", "time_format"}
+_OPTIONAL = {"float_fields", "list_fields", "list_pooling", "source"}
+_SOURCE_KEYS = {
+    "format",
+    "header",
+    "columns",
+    "delimiter",
+    "label",
+    "event_id",
+    "time",
+    "time_format",
+    "list_separator",
+}
+POOLINGS = ("mean", "sum")
 
 
 @dataclass(frozen=True)
@@ -37,6 +48,7 @@ class Source:
     event_id: str = ""  # the column holding the event id ("" = generated: "<file stem>:<row>")
     time: str = ""  # the column holding the event time ("" = file order: a fixed base + the row index, ms)
     time_format: str = "epoch_ms"  # "epoch_ms", "epoch_s" or a strftime pattern (Avazu: "%y%m%d%H")
+    list_separator: str = "|"  # tsv/csv: separates a list field's values inside a cell (jsonl: a JSON array)
 
 
 @dataclass(frozen=True)
@@ -50,6 +62,8 @@ class Schema:
     categorical_fields: tuple[str, ...]  # categories: one id each
     hash: str  # content hash, 16 hex chars
     float_fields: tuple[str, ...] = ()  # real-valued features: dense floats only (after the integers)
+    list_fields: tuple[str, ...] = ()  # multi-valued categories (tags, recent ads): one id per value, pooled
+    list_pooling: tuple[str, ...] = ()  # per list field: "mean" or "sum" of its values' rows
     source: Source = Source()  # the raw log's layout, for replay
 
     @property
@@ -68,7 +82,14 @@ class Schema:
 
     @property
     def num_sparse(self) -> int:
+        """Single-id fields (one id per event each): integer buckets, then categories."""
         return len(self.integer_fields) + len(self.categorical_fields)
+
+    @property
+    def num_fields(self) -> int:
+        """Fields the model sees: the single-id fields, then one pooled vector per list field. Field
+        index i is also the high bits of its ids (featurize.py)."""
+        return self.num_sparse + len(self.list_fields)
 
 
 def _names(content: dict[str, object], key: str, where: str) -> tuple[str, ...]:
@@ -110,7 +131,20 @@ def _source(content: object, schema_label: str, where: str) -> Source:
         event_id=str(content.get("event_id", "")),
         time=str(content.get("time", "")),
         time_format=time_format,
+        list_separator=str(content.get("list_separator", "|")),
     )
+
+
+def _pooling(value: object, lists: tuple[str, ...], where: str) -> tuple[str, ...]:
+    """list_pooling: one word for every list field, or a table {field = "mean" | "sum"}."""
+    chosen = dict.fromkeys(lists, value) if isinstance(value, str) else value
+    if not isinstance(chosen, dict) or set(chosen) - set(lists):
+        raise SchemaError(f'{where}: list_pooling={value!r}; write "mean", "sum" or a table of list fields')
+    out = tuple(str(chosen.get(name, "mean")) for name in lists)
+    for name, pool in zip(lists, out, strict=True):
+        if pool not in POOLINGS:
+            raise SchemaError(f"{where}: list_pooling of {name} is {pool!r}; use one of {list(POOLINGS)}")
+    return out
 
 
 def schema_from_dict(content: dict[str, object], where: str = "schema") -> Schema:
@@ -126,11 +160,13 @@ def schema_from_dict(content: dict[str, object], where: str = "schema") -> Schem
     ints = _names(content, "integer_fields", where)
     floats = _names(content, "float_fields", where)
     cats = _names(content, "categorical_fields", where)
-    names = [content["label"], content["event_id"], content["timestamp"], *ints, *floats, *cats]
+    lists = _names(content, "list_fields", where)
+    pooling = _pooling(content.get("list_pooling", "mean"), lists, where)
+    names = [content["label"], content["event_id"], content["timestamp"], *ints, *floats, *cats, *lists]
     if len(set(names)) != len(names):
         raise SchemaError(f"{where}: a field name appears twice: {names}")
-    if len(ints) + len(cats) >= 1 << 20:
-        raise SchemaError(f"{where}: too many fields ({len(ints) + len(cats)}); at most 2^20")
+    if len(ints) + len(cats) + len(lists) >= 1 << 20:
+        raise SchemaError(f"{where}: too many fields ({len(ints) + len(cats) + len(lists)}); at most 2^20")
     source = _source(content.get("source"), str(content["label"]), where)
     # the hash covers what the model sees: not [source], and optional keys only when they say something
     hashed = {k: v for k, v in content.items() if k != "source" and (k in _REQUIRED or v)}
@@ -145,6 +181,8 @@ def schema_from_dict(content: dict[str, object], where: str = "schema") -> Schem
         categorical_fields=cats,
         hash=hashlib.sha256(canonical).hexdigest()[:16],
         float_fields=floats,
+        list_fields=lists,
+        list_pooling=pooling,
         source=source,
     )
 

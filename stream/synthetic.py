@@ -31,6 +31,9 @@ class SyntheticConfig:
     base_ctr: float = 0.25  # roughly the positive rate
     drift_per_million: float = 0.0  # std of the weights' random walk per million events
     start_ms: int = 1_700_000_000_000  # timestamp of the first event
+    list_vocab: int = 300  # values of each list field (schemas with list_fields only)
+    list_mean_values: float = 2.5  # mean values per event per list field (Poisson; 0 values = missing)
+    list_weight_std: float = 1.0  # spread of list values' weights; an event gets the mean of its values'
 
 
 class SyntheticCriteo:
@@ -69,6 +72,14 @@ class SyntheticCriteo:
         self.dense_weights = rng.normal(0.0, config.dense_weight_std, n_int)
         self.bias = float(np.log(config.base_ctr / (1 - config.base_ctr)))
         self.produced = 0
+        # list fields draw from their own generator, so a schema without them gets the same stream
+        lists = np.random.default_rng(config.seed + 2)
+        self._list_rng = np.random.default_rng(config.seed + 3)
+        self.list_values = [
+            np.array([f"{v:08x}" for v in lists.integers(0, 1 << 32, config.list_vocab)], dtype=object)
+            for _ in schema.list_fields
+        ]
+        self.list_weights = [lists.normal(0.0, config.list_weight_std, config.list_vocab) for _ in schema.list_fields]
 
     def generate(self, n: int) -> tuple[list[dict[str, object]], np.ndarray]:
         """n events (JSON-ready dicts, labelled) and their true click probabilities (n,)."""
@@ -90,6 +101,7 @@ class SyntheticCriteo:
         int_missing = rng.random(counts.shape) < self.int_missing
         dense = np.sign(counts) * np.log1p(np.abs(counts))  # = featurize.signed_log1p
         logit += np.where(int_missing, 0.0, dense - dense.mean()) @ self.dense_weights
+        lists = self._lists(n, logit)
         p = 1.0 / (1.0 + np.exp(-logit))
         labels = (rng.random(n) < p).astype(np.int64)
         events = []
@@ -106,9 +118,27 @@ class SyntheticCriteo:
             }
             event.update(zip(int_names, ints[row]))
             event.update((name, hexes[f][row]) for f, name in enumerate(cat_names))
+            event.update((name, lists[j][row]) for j, name in enumerate(schema.list_fields))
             events.append(event)
         self.produced += n
         return events, p
+
+    def _lists(self, n: int, logit: np.ndarray) -> list[list[list[str]]]:
+        """Each list field's values per event (Zipf over its vocabulary); adds the mean of their
+        weights to `logit` in place (what mean pooling can learn)."""
+        out = []
+        cfg, rng = self.config, self._list_rng
+        ranks = np.arange(1, cfg.list_vocab + 1, dtype=np.float64) ** -cfg.zipf_exponent
+        cdf = np.cumsum(ranks / ranks.sum())
+        for values, weights in zip(self.list_values, self.list_weights, strict=True):
+            counts = np.minimum(rng.poisson(cfg.list_mean_values, n), 16)
+            picks = np.searchsorted(cdf, rng.random(int(counts.sum()))).clip(max=cfg.list_vocab - 1)
+            starts = np.concatenate([[0], np.cumsum(counts)])
+            sums = np.bincount(np.repeat(np.arange(n), counts), weights=weights[picks], minlength=n)
+            logit += np.where(counts > 0, sums / np.maximum(counts, 1), 0.0)
+            names = values[picks].tolist()
+            out.append([names[starts[i] : starts[i + 1]] for i in range(n)])
+        return out
 
     def _drift(self, n: int) -> None:
         if self.config.drift_per_million <= 0:

@@ -10,6 +10,7 @@ import torch
 
 from store.ram import RamTier
 from store.table import EmbeddingTable, TableConfig
+from stream.featurize import FIELD_SHIFT, missing_id
 from stream.schema import load_schema
 from trainer.batch import Batch
 from trainer.group import launch_local
@@ -21,8 +22,9 @@ SCHEMA = load_schema("criteo")
 FIELDS, DENSE = SCHEMA.num_sparse, SCHEMA.num_dense
 
 
-def make_batches(seed: int, steps: int = 4, size: int = 32, vocab: int = 60) -> list[Batch]:
-    """Small batches over a small vocabulary: replicas overlap on some ids, each also has its own."""
+def make_batches(seed: int, steps: int = 4, size: int = 32, vocab: int = 60, lists: bool = False) -> list[Batch]:
+    """Small batches over a small vocabulary: replicas overlap on some ids, each also has its own.
+    lists: every event also has 0-3 values of one list field (criteo_tags' "tags")."""
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(steps):
@@ -30,7 +32,14 @@ def make_batches(seed: int, steps: int = 4, size: int = 32, vocab: int = 60) -> 
         ids[:, 0] = 10**6 + seed * 1000 + rng.integers(0, 5, size=size)  # ids only this seed's replica sees
         labels = torch.from_numpy((rng.random(size) < 0.3).astype(np.float32))
         dense = torch.from_numpy(rng.normal(size=(size, DENSE)).astype(np.float32))
-        out.append(Batch(labels, dense, ids.astype(np.int64)))
+        tags: tuple[tuple[np.ndarray, np.ndarray], ...] = ()
+        if lists:
+            counts = rng.integers(0, 4, size=size)
+            field = FIELDS << FIELD_SHIFT
+            values = [field | rng.integers(0, 40, size=c) if c else np.array([missing_id(FIELDS)]) for c in counts]
+            starts = np.concatenate([[0], np.cumsum([len(v) for v in values])]).astype(np.int64)
+            tags = ((starts, np.concatenate(values).astype(np.int64)),)
+        out.append(Batch(labels, dense, ids.astype(np.int64), lists=tags))
     return out
 
 
@@ -81,6 +90,15 @@ def merge_every_step_vs_sync(optimizer: str) -> tuple[dict, dict]:
 def same_batches(k: int, sparse: str) -> dict:
     trainer = Trainer(load_schema("criteo"), settings("adam", sparse))
     for i, batch in enumerate(make_batches(seed=7, steps=6), start=1):
+        trainer.learn(batch)
+        if i % k == 0:
+            trainer.merge()
+    return state(trainer)
+
+
+def same_batches_with_a_list_field(k: int) -> dict:
+    trainer = Trainer(load_schema("criteo_tags"), settings("adam", "ftrl"))
+    for i, batch in enumerate(make_batches(seed=7, steps=6, lists=True), start=1):
         trainer.learn(batch)
         if i % k == 0:
             trainer.merge()
@@ -160,6 +178,18 @@ def test_replicas_fed_the_same_batches_equal_one_process(k, sparse):
     alone = Trainer(load_schema("criteo"), settings("adam", sparse))
     for batch in make_batches(seed=7, steps=6):
         alone.learn(batch)
+    for replica in replicas:
+        assert_states_close(replica, state(alone))
+
+
+def test_replicas_with_a_list_field_fed_the_same_batches_equal_one_process():
+    """List values' rows are rows: merged like any other (criteo_tags, pooled "tags")."""
+    replicas = launch_local(same_batches_with_a_list_field, 2, 2)
+    alone = Trainer(load_schema("criteo_tags"), settings("adam", "ftrl"))
+    for batch in make_batches(seed=7, steps=6, lists=True):
+        alone.learn(batch)
+    tag_rows = (state(alone)["ids"] >> 33) == FIELDS
+    assert tag_rows.sum() > 20  # the list field's values really have rows
     for replica in replicas:
         assert_states_close(replica, state(alone))
 

@@ -1,7 +1,8 @@
 """Batch: the training-side form of FeatureBatch, with tensors and the Kafka offsets it covers.
 
 labels float32 (B,), dense float32 (B, D), ids int64 numpy (B, F) (ids stay on the host: the
-store resolves them), source_offsets: per batches-topic partition, the next offset to consume
+store resolves them), lists: per list field (starts (B + 1,), ids) on the host, source_offsets:
+per batches-topic partition, the next offset to consume
 once this batch is learned.
 """
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from stream.records import FeatureBatch
+from stream.records import FeatureBatch, concat_lists
 
 
 @dataclass(frozen=True, eq=False)
@@ -25,6 +26,7 @@ class Batch:
     source_offsets: dict[int, int] = field(default_factory=dict)
     parts: int = 1  # stream batches (Kafka records) this batch was assembled from
     records: tuple[tuple[int, int], ...] = ()  # (partition, offset) of each of those Kafka records
+    lists: tuple[tuple[np.ndarray, np.ndarray], ...] = ()  # per list field: (starts (B + 1,), ids), host
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -38,6 +40,7 @@ class Batch:
             self.source_offsets,
             self.parts,
             self.records,
+            self.lists,
         )
 
 
@@ -55,4 +58,5 @@ def batch_from_features(
         source_offsets=dict(source_offsets or {}),
         parts=len(parts),
         records=records,
+        lists=tuple(concat_lists([p.lists[j] for p in parts]) for j in range(len(parts[0].lists))) if parts else (),
     )

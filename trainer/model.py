@@ -30,7 +30,7 @@ MODEL_KINDS = ("lr", "fm", "deepfm", "dcn")
 
 @dataclass(frozen=True)
 class ModelConfig:
-    num_fields: int  # F: sparse fields per event
+    num_fields: int  # F: fields per event the model sees (single-id fields, then one per pooled list field)
     num_dense: int  # D: dense floats per event
     embed_dim: int = 8  # E: factor width; store rows are E + 1 wide (factor + linear weight)
     hidden: tuple[int, ...] = (128, 64)  # MLP layer widths (deepfm, dcn)
@@ -38,6 +38,7 @@ class ModelConfig:
     kind: str = one_of(MODEL_KINDS, "deepfm")  # the family
     cross_layers: int = 2  # cross layers (dcn)
     dense_norm: bool = True  # standardize dense features by running mean / variance
+    list_pooling: tuple[str, ...] = ()  # per list field (the last fields): "mean" or "sum" of its values' rows
 
     def __post_init__(self) -> None:
         check_fields(self, "ModelConfig", TrainerError)
@@ -53,6 +54,7 @@ class ModelConfig:
     def from_dict(cls, data: dict[str, object]) -> ModelConfig:
         data = dict(data)
         data["hidden"] = tuple(data["hidden"])  # type: ignore[arg-type]
+        data["list_pooling"] = tuple(data.get("list_pooling", ()))  # type: ignore[arg-type]
         return cls(**data)  # type: ignore[arg-type]
 
 

@@ -82,7 +82,7 @@ def make_optimizer(model: torch.nn.Module, settings: TrainerSettings) -> torch.o
 def model_config(schema: Schema, settings: TrainerSettings) -> ModelConfig:
     model = settings.model
     return ModelConfig(
-        num_fields=schema.num_sparse,
+        num_fields=schema.num_fields,
         num_dense=schema.num_dense,
         embed_dim=model.embed_dim,
         hidden=tuple(model.hidden),
@@ -90,6 +90,7 @@ def model_config(schema: Schema, settings: TrainerSettings) -> ModelConfig:
         kind=model.kind,
         cross_layers=model.cross_layers,
         dense_norm=model.dense_norm,
+        list_pooling=schema.list_pooling,
     )
 
 

@@ -24,11 +24,33 @@ class StepResult:
 
 
 def forward(model: CtrModel, table: EmbeddingTable, batch: Batch):  # type: ignore[no-untyped-def]
-    """Look up the batch's rows and run the model. Returns (logits (B,), lookup, leaf vectors (u, E+1))."""
-    lookup = table.lookup(batch.ids, device=batch.labels.device)
+    """Look up the batch's rows and run the model. Returns (logits (B,), lookup, leaf vectors (u, E+1)).
+
+    The single-id fields give (B, F, E+1); each list field's values are pooled per event (mean or
+    sum, ModelConfig.list_pooling) into one more field, so the model sees (B, F + L, E+1). Gradients
+    reach every value's row through the pooling."""
+    n, f = batch.ids.shape
+    if not batch.lists:
+        lookup = table.lookup(batch.ids, device=batch.labels.device)
+        leaf = lookup.vectors.detach().requires_grad_(True)
+        return model(leaf[lookup.inverse].view(n, f, -1), batch.dense), lookup, leaf
+    flat = [batch.ids.reshape(-1)] + [ids for _, ids in batch.lists]
+    columns = [np.tile(np.arange(f), n)] + [np.full(len(ids), f + j) for j, (_, ids) in enumerate(batch.lists)]
+    lookup = table.lookup(np.concatenate(flat), device=batch.labels.device, columns=np.concatenate(columns))
     leaf = lookup.vectors.detach().requires_grad_(True)
-    rows = leaf[lookup.inverse].view(len(batch), batch.ids.shape[1], -1)
-    return model(rows, batch.dense), lookup, leaf
+    rows = leaf[lookup.inverse]
+    fields = [rows[: n * f].view(n, f, -1)]
+    at = n * f
+    for j, (starts, ids) in enumerate(batch.lists):
+        values = rows[at : at + len(ids)]
+        at += len(ids)
+        lengths = torch.from_numpy(np.diff(starts)).to(rows.device)
+        owner = torch.repeat_interleave(torch.arange(n, device=rows.device), lengths)
+        pooled = torch.zeros((n, rows.shape[1]), dtype=rows.dtype, device=rows.device).index_add(0, owner, values)
+        if model.config.list_pooling[j] == "mean":
+            pooled = pooled / lengths.clamp(min=1).unsqueeze(1).to(rows.dtype)
+        fields.append(pooled.unsqueeze(1))
+    return model(torch.cat(fields, dim=1), batch.dense), lookup, leaf
 
 
 def backward(model: CtrModel, optimizer: torch.optim.Optimizer, table: EmbeddingTable, batch: Batch):  # type: ignore[no-untyped-def]
