@@ -61,9 +61,16 @@ def _stop(worker: BaseProcess) -> None:
 
 
 def _faust_rate(
-    kafka: KafkaSettings, stream: StreamSettings, records: list, n_events: int, log_dir: Path, take_records: int
+    kafka: KafkaSettings,
+    stream: StreamSettings,
+    records: list,
+    n_events: int,
+    log_dir: Path,
+    take_records: int,
+    workers: int = 1,
 ) -> float:
-    """Pre-fill a fresh events topic, start the Faust worker, time first-to-last batch arrival."""
+    """Pre-fill a fresh events topic, start `workers` Faust workers of one app, time first-to-last
+    batch arrival (the first batch's events are not counted: they arrived before the clock started)."""
     import multiprocessing
 
     from confluent_kafka import Consumer
@@ -75,14 +82,18 @@ def _faust_rate(
     stream = replace(stream, app_id=f"bench-{tag}", take_records=take_records)
     ensure_topics(kafka)
     replay(iter(records), kafka, progress=False)
-    log_file = str(log_dir / f"bench-{tag}.log")
-    worker = multiprocessing.get_context("spawn").Process(target=_worker_main, args=(kafka, stream, log_file))
-    worker.start()
+    context = multiprocessing.get_context("spawn")
+    processes = [
+        context.Process(target=_worker_main, args=(kafka, stream, str(log_dir / f"bench-{tag}-{i}.log")))
+        for i in range(workers)
+    ]
+    for process in processes:
+        process.start()
     consumer = Consumer(
         {"bootstrap.servers": kafka.bootstrap, "group.id": f"bench-{tag}-check", "auto.offset.reset": "earliest"}
     )
     consumer.subscribe([kafka.batches_topic])
-    seen, first, last = 0, None, None
+    seen, first_events, first, last = 0, 0, None, None
     deadline = time.monotonic() + 300
     try:
         while seen < n_events and time.monotonic() < deadline:
@@ -90,16 +101,18 @@ def _faust_rate(
                 if message.error():
                     continue
                 now = time.perf_counter()
-                first = first or now
+                events = len(decode_batch(message.value() or b""))
+                if first is None:
+                    first, first_events = now, events
                 last = now
-                seen += len(decode_batch(message.value() or b""))
+                seen += events
     finally:
         consumer.close()
-        _stop(worker)
+        for process in processes:
+            _stop(process)
     if first is None or last is None or seen < n_events:
         return float("nan")
-    # the first batch's own events are not inside the timed span
-    return _rate(seen - stream.batch_events, last - first)
+    return _rate(seen - first_events, last - first)
 
 
 def _progressive(schema: Schema, batches: list[Batch], settings: TrainerSettings) -> dict[str, float]:
@@ -115,6 +128,38 @@ def _progressive(schema: Schema, batches: list[Batch], settings: TrainerSettings
         "logloss": a["progressive_logloss"],
         "baseline_auc": b["progressive_auc"],
         "baseline_logloss": b["progressive_logloss"],
+    }
+
+
+def _tsv_log(path: Path, files: list[Path], synthetic: list[dict], schema: Schema, lines: int) -> Path:
+    """A raw Criteo-layout TSV of `lines` lines."""
+    if files:
+        real = [line for f in files for line in f.read_text().splitlines() if line]
+    else:
+        names = [schema.label, *schema.integer_fields, *schema.categorical_fields]
+        real = ["\t".join("" if e[k] is None else str(e[k]) for k in names) for e in synthetic]
+    with open(path, "w") as out:
+        for i in range(lines):
+            out.write(real[i % len(real)] + "\n")
+    return path
+
+
+def _list_field_rates(events: int) -> dict[str, float]:
+    """Featurize rates (in process) of a schema with a list field (criteo_tags), JSON and Arrow."""
+    schema = load_schema("criteo_tags")
+    synthetic, _ = SyntheticCriteo(schema).generate(events)
+    json_records = [RawRecord(0, i, r.value) for i, r in enumerate(synthetic_records(synthetic, schema))]
+    start = time.perf_counter()
+    for i in range(0, len(json_records), 1024):
+        featurize_records(json_records[i : i + 1024], schema)
+    json_rate = _rate(events, time.perf_counter() - start)
+    bundles = [RawRecord(0, i, r.value) for i, r in enumerate(synthetic_records(synthetic, schema, 1024, "arrow"))]
+    start = time.perf_counter()
+    for record in bundles:
+        featurize_records([record], schema)
+    return {
+        "featurize_list_json_events_per_s": json_rate,
+        "featurize_list_events_per_s": _rate(events, time.perf_counter() - start),
     }
 
 
@@ -147,11 +192,18 @@ def run_pipeline_bench(
     result["replay_events_per_s"] = replay(iter(singles), scoped, progress=False).events_per_s
     bundles = list(synthetic_records(synthetic, schema, bundle=1024, fmt="arrow"))
     result["replay_bundled_events_per_s"] = replay(iter(bundles), scoped, progress=False).events_per_s
+    # parse + check + encode + produce, from a raw TSV log of `events` lines (the real rows repeated
+    # when present, else the synthetic events written as Criteo lines)
     files = sorted(Path(criteo_dir).glob("*.txt"), key=lambda p: (not p.name.startswith("autoint"), p.name))
-    if files:  # parse + encode + produce, from the raw TSV
-        result["replay_criteo_tsv_events_per_s"] = replay(
-            log_records(files, schema), scoped, progress=False
-        ).events_per_s
+    tsv = _tsv_log(log_dir / f"bench-{tag}.tsv", files, synthetic, schema, events)
+    result["replay_criteo_tsv_events_per_s"] = replay(log_records([tsv], schema), scoped, progress=False).events_per_s
+    result["replay_tsv_bundled_events_per_s"] = replay(
+        log_records([tsv], schema, bundle=1024, fmt="arrow"), scoped, progress=False
+    ).events_per_s
+    target = 50_000.0  # --rate: how close replay holds a rate (over >= 2 s)
+    paced = replay(log_records([tsv], schema), scoped, rate=target, limit=min(events, 150_000), progress=False)
+    result["replay_rate_target"], result["replay_rate_achieved"] = target, paced.events_per_s
+    tsv.unlink()
 
     # featurization, in process (the pure function the agent wraps)
     json_records = [RawRecord(0, i, r.value) for i, r in enumerate(singles)]
@@ -165,7 +217,12 @@ def run_pipeline_bench(
     result["featurize_events_per_s"] = _rate(events, time.perf_counter() - start)
     # ... and through the Faust worker on the broker
     result["faust_single_events_per_s"] = _faust_rate(kafka, stream, singles, events, log_dir, take_records=1024)
-    result["faust_bundled_events_per_s"] = _faust_rate(kafka, stream, bundles, events, log_dir, take_records=4)
+    many = list(synthetic_records(generator.generate(5 * events)[0], schema, bundle=1024, fmt="arrow"))
+    result["faust_bundled_events_per_s"] = _faust_rate(kafka, stream, many, 5 * events, log_dir, take_records=4)
+    result["faust_workers_2_events_per_s"] = _faust_rate(
+        kafka, stream, many, 5 * events, log_dir, take_records=4, workers=2
+    )
+    result.update(_list_field_rates(events))
 
     # training: the same batches for adstream's trainer and the baseline
     batches = [batch_from_features([fb]) for fb in feature_batches]

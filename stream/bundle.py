@@ -62,6 +62,23 @@ def encode_table(table: pa.Table) -> bytes:
 
 def _hex_values(column: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """string column -> (value int64 (n,), missing bool (n,), bad bool (n,))."""
+    column = column if column.offset == 0 else pa.concat_arrays([column])  # buffers from offset 0
+    offsets = np.frombuffer(column.buffers()[1], dtype=np.int32, count=len(column) + 1)
+    lengths = np.diff(offsets)
+    if column.buffers()[2] is not None and np.all((lengths == 8) | (lengths == 0)):
+        # the usual case (Criteo's categories are 8 digits): decode the byte buffer in place
+        missing = lengths == 0
+        if column.null_count:
+            missing |= column.is_null().to_numpy(zero_copy_only=False)
+        chars = np.frombuffer(column.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]].reshape(-1, 8)
+        present = lengths == 8
+        nibbles = _HEX_LUT8[chars]  # (m, 8) uint8: pairs of nibbles make the 4 big-endian bytes
+        packed = np.ascontiguousarray((nibbles[:, 0::2] << 4) | nibbles[:, 1::2])
+        values = np.zeros(len(column), dtype=np.int64)
+        values[present] = packed.view(">u4").reshape(-1)
+        bad = np.zeros(len(column), dtype=bool)  # all 8 characters hex <=> the 8 flag bytes read as 0x0101...
+        bad[present] = np.ascontiguousarray(_HEX_OK8[chars]).view(np.uint64).reshape(-1) != _ALL_HEX
+        return np.where(missing, 0, values), missing, bad & ~missing
     filled = pc.fill_null(column, "")
     missing = pc.equal(pc.binary_length(filled), 0).to_numpy(zero_copy_only=False)
     valid = pc.match_substring_regex(filled, f"^{rules.HEX32}$").to_numpy(zero_copy_only=False)
@@ -75,6 +92,9 @@ def _hex_values(column: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 _HEX_OK = np.zeros(256, dtype=bool)
 _HEX_OK[np.frombuffer(b"0123456789abcdefABCDEF", dtype=np.uint8)] = True
+_HEX_OK8 = _HEX_OK.astype(np.uint8)
+_HEX_LUT8 = _HEX_LUT.astype(np.uint8)
+_ALL_HEX = np.frombuffer(bytes([1] * 8), dtype=np.uint64)[0]
 
 
 def _hex_check(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -186,7 +206,10 @@ def _number_column(table: pa.Table, name: str, kind: str) -> tuple[np.ndarray, n
     if not ok:
         return f"{name}: column type {t}, expected {'integers' if kind == 'int' else 'numbers'}"
     column = column.cast(pa.int64() if kind == "int" else pa.float64())
-    return pc.fill_null(column, 0).to_numpy(zero_copy_only=False), column.is_null().to_numpy(zero_copy_only=False)
+    if column.null_count == 0:
+        return column.to_numpy(zero_copy_only=False), np.zeros(len(column), dtype=bool)
+    null = column.is_null().to_numpy(zero_copy_only=False)
+    return np.where(null, 0, column.to_numpy(zero_copy_only=False)), null
 
 
 def _string_columns(table: pa.Table, names: Sequence[str]) -> list[pa.Array] | str:
