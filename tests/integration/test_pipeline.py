@@ -137,7 +137,7 @@ def test_real_criteo_rows_end_to_end(isolated, tmp_path):
         f"logloss {summary.progressive_logloss:.4f}"
     )
     assert summary.progressive_auc > 0.65  # online LR reaches 0.73 here; a broken learner sits at 0.5
-    sample = [json.loads(r[1]) for r in records[-50:]]
+    sample = [json.loads(r.value) for r in records[-50:] if r.reason is None]
     serve_and_compare(config, tmp_path, summary, sample)
 
 
