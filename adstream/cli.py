@@ -113,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="the whole path on the local stack, ending in served predictions")
     stack_flags(p)
     p.add_argument("--events", type=int, default=60_000, help="synthetic events to replay and learn")
+    p.add_argument("--seed", type=int, default=7, help="the synthetic world (the same seed, the same stream)")
     p.add_argument("--json", help="write a summary JSON here")
     p.set_defaults(func=cmd_demo)
 

@@ -197,7 +197,7 @@ def cmd_topology(args: argparse.Namespace) -> None:
 def cmd_demo(args: argparse.Namespace) -> None:
     from adstream.demo import run_demo
 
-    run_demo(_config(args), events=args.events, json_path=args.json)
+    run_demo(_config(args), events=args.events, json_path=args.json, seed=args.seed)
 
 
 def cmd_bench(args: argparse.Namespace) -> None:

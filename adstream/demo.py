@@ -10,12 +10,14 @@ import json
 import subprocess
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from adstream import stack
+from adstream.checks import with_changes
 from adstream.config import Config
 from adstream.errors import CliError
 from adstream.processes import cli_process, stop_process, write_toml
@@ -44,10 +46,29 @@ def wait_for_model(url: str, proc: subprocess.Popen[bytes], timeout_s: float, lo
     raise CliError(f"serve: no model loaded after {timeout_s}s; log {log}")
 
 
-def run_demo(config: Config, events: int = 60_000, show: int = 5, json_path: str | None = None) -> dict[str, Any]:
+def demo_config(config: Config, run: str) -> Config:
+    """The demo's own scope for one run: topics, consumer groups and snapshot folder of its own, so
+    a second demo on a running stack starts from nothing (it never resumes an earlier run's snapshot
+    or reads its events) and gives the same answer as the first."""
+    return replace(
+        config,
+        kafka=config.kafka.scoped(f"demo-{run}"),
+        stream=replace(config.stream, app_id=f"demo-{run}-featurizer"),
+        trainer=with_changes(
+            config.trainer,
+            {"group_id": f"demo-{run}-trainer", "snapshot.dir": str(Path(config.stack.state_dir) / "demo" / run)},
+        ),
+    )
+
+
+def run_demo(
+    config: Config, events: int = 60_000, show: int = 5, json_path: str | None = None, seed: int = 7
+) -> dict[str, Any]:
+    """The whole path once, in a scope of its own (demo_config), on the synthetic world of `seed`."""
     import httpx
 
     start = time.perf_counter()
+    config = demo_config(config, time.strftime("%Y%m%d-%H%M%S"))
     print(f"[1/6] starting Kafka ({config.stack.bootstrap}) and MLflow ({config.stack.tracking_uri})", flush=True)
     stack.up(config.stack, config.kafka)
     ensure_topics(config.kafka)
@@ -62,7 +83,7 @@ def run_demo(config: Config, events: int = 60_000, show: int = 5, json_path: str
     server = None
     try:
         print(f"[3/6] replaying {events} synthetic events into {config.kafka.events_topic}", flush=True)
-        generator = SyntheticCriteo(schema, SyntheticConfig(seed=int(time.time()) % 100_000))
+        generator = SyntheticCriteo(schema, SyntheticConfig(seed=seed))  # the same world every run
         train_events, truth = generator.generate(events)
         labels = np.array([e[schema.label] for e in train_events])
         replayed = replay(synthetic_records(train_events, schema), config.kafka, total=events)
@@ -104,6 +125,8 @@ def run_demo(config: Config, events: int = 60_000, show: int = 5, json_path: str
         "model_version": served["model_version"],
         "predictions": [p["ctr"] for p in served["predictions"]],
         "mlflow_ui": config.mlflow.tracking_uri,
+        "seed": seed,
+        "events_topic": config.kafka.events_topic,
         "wall_s": time.perf_counter() - start,
     }
     for p in served["predictions"]:

@@ -108,3 +108,21 @@ def test_settings_written_as_toml_read_back_the_same(tmp_path):
     config = load_config(None, ["trainer.optim.lr=0.02", "trainer.model.hidden=8,4", "trainer.store.min_count=2"])
     again = load_config(str(write_toml(config, tmp_path / "c.toml")))
     assert again == config
+
+
+def test_each_demo_run_has_a_scope_of_its_own():
+    """A second `make demo` on a running stack must not resume the first run's snapshot or read its events."""
+    from adstream.demo import demo_config
+
+    base = build_config({})
+    first, second = demo_config(base, "r1"), demo_config(base, "r2")
+    for a, b in [
+        (first.kafka.events_topic, second.kafka.events_topic),
+        (first.kafka.batches_topic, second.kafka.batches_topic),
+        (first.stream.app_id, second.stream.app_id),
+        (first.trainer.group_id, second.trainer.group_id),
+        (first.trainer.snapshot.dir, second.trainer.snapshot.dir),
+    ]:
+        assert a != b
+    assert first.kafka.bootstrap == base.kafka.bootstrap and first.stack == base.stack
+    assert first.trainer.snapshot.dir.startswith(base.stack.state_dir)
