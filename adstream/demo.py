@@ -10,6 +10,7 @@ import json
 import subprocess
 import tempfile
 import time
+import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,7 @@ def run_demo(
     import httpx
 
     start = time.perf_counter()
-    config = demo_config(config, time.strftime("%Y%m%d-%H%M%S"))
+    config = demo_config(config, f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}")
     print(f"[1/6] starting Kafka ({config.stack.bootstrap}) and MLflow ({config.stack.tracking_uri})", flush=True)
     stack.up(config.stack, config.kafka)
     ensure_topics(config.kafka)
