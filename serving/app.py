@@ -40,6 +40,10 @@ LATENCY = Histogram(
     "adstream_serving_predict_seconds", "time in /predict", buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5)
 )
 SWAPS = Counter("adstream_serving_model_swaps_total", "models swapped in")
+REFUSED = Counter(
+    "adstream_serving_refused_total",
+    "publications refused (unreadable, another schema, a bad config): the last model stays",
+)
 MODEL_METRICS = Gauge(
     "adstream_serving_model_metric",
     "the served snapshot's progressive metrics as its trainer measured them (auc, logloss, ece, mean_ctr...)",
@@ -59,12 +63,18 @@ class ModelHolder:
 
 
 def registry_fetch(tracking_uri: str, model_name: str, settings: ServingSettings, schema: Schema) -> Fetch:
+    refused: set[str] = set()  # versions that failed to load: not downloaded again at every poll
+
     def fetch(current: str | None) -> ServedModel | None:
         ref = resolve(tracking_uri, model_name, settings.alias)
-        if ref is None or ref.version == current:
+        if ref is None or ref.version == current or ref.version in refused:
             return None
-        path = download(tracking_uri, ref, settings.cache_dir)
-        return load_served_model(path, ref.version, schema)
+        try:
+            path = download(tracking_uri, ref, settings.cache_dir)
+            return load_served_model(path, ref.version, schema)
+        except Exception:
+            refused.add(ref.version)
+            raise
 
     return fetch
 
@@ -75,9 +85,11 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> FastA
     async def refresh() -> None:
         try:
             model = await asyncio.to_thread(fetch, holder.current.version if holder.current else None)
-        except Exception as exc:  # a bad snapshot or a registry hiccup must not kill the server
+        except Exception as exc:  # a bad publication or a registry hiccup must not kill the server
             holder.last_error = str(exc)
-            log.error("model refresh failed: %s", exc)
+            REFUSED.inc()
+            version = holder.current.version if holder.current else None
+            log.error("model refresh failed, still serving version %s: %s", version, exc)
             return
         if model is not None:
             holder.current = model  # the swap: one reference assignment
@@ -126,6 +138,8 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> FastA
                 "events": m.events,
                 "metrics": m.metrics,
                 "offsets": m.offsets,
+                "kind": m.kind,
+                "last_error": h.last_error,  # the last refused publication, if any
             }
         )
 

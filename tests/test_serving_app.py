@@ -104,3 +104,30 @@ def test_refresh_errors_keep_the_old_model(schema, snapshots):
         time.sleep(0.3)
         r = client.post("/predict", json=unlabelled(0))
         assert r.status_code == 200 and r.json()["model_version"] == "1" and calls["n"] > 1
+
+
+def test_a_broken_publication_is_refused_and_the_last_model_keeps_serving(schema, snapshots):
+    from prometheus_client import REGISTRY
+
+    from trainer.errors import SnapshotError
+
+    def refused() -> float:
+        return REGISTRY.get_sample_value("adstream_serving_refused_total") or 0.0
+
+    queue: list = [snapshots[0]]
+
+    def fetch(current):
+        if queue:
+            return queue.pop(0)
+        raise SnapshotError("snapshot /x: embeddings.safetensors is unreadable (truncated); refusing it")
+
+    before = refused()
+    with TestClient(create_app(replace(ServingSettings(), poll_s=0.05), schema, fetch)) as client:
+        import time
+
+        time.sleep(0.3)  # a few polls, each one refused
+        r = client.post("/predict", json=unlabelled(0))
+        info = client.get("/model").json()
+    assert r.status_code == 200 and r.json()["model_version"] == "1"
+    assert info["model_version"] == "1" and "unreadable" in info["last_error"]
+    assert refused() > before

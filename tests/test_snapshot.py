@@ -15,7 +15,7 @@ from tests.helpers import criteo_event, trained_trainer
 from trainer.batch import batch_from_features
 from trainer.errors import SnapshotError
 from trainer.replica import make_optimizer
-from trainer.snapshot import load_optimizer_state, load_snapshot, read_manifest
+from trainer.snapshot import folder_bytes, load_optimizer_state, load_snapshot, read_embeddings, read_manifest
 from trainer.step import predict
 
 
@@ -66,3 +66,31 @@ def test_no_pickle_anywhere(schema, tmp_path):
     path = trained_trainer(schema, 1).save(tmp_path)
     for file in path.iterdir():
         assert not file.read_bytes().startswith(b"\x80")  # pickle protocol header
+
+
+def test_a_publication_serves_the_trainers_predictions_with_no_optimizer_state(schema, tmp_path):
+    trainer = trained_trainer(schema)
+    recovery = trainer.save(tmp_path / "snapshots")
+    publication = trainer.publish_to(tmp_path / "publications", read_manifest(recovery))
+    assert sorted(p.name for p in publication.iterdir()) == [
+        "dense.safetensors",
+        "embeddings.safetensors",
+        "manifest.json",
+    ]
+    assert read_manifest(publication).kind == "publication" and read_manifest(recovery).kind == "recovery"
+    assert set(read_embeddings(publication)) == {"ids", "vectors"}
+    # rows: vector + two optimizer-state blocks in recovery, the vector alone in the publication
+    assert folder_bytes(publication) < 0.6 * folder_bytes(recovery)
+    events = [event_from_mapping(criteo_event(i), schema) for i in range(40)]  # some seen, some unseen
+    expected = predict(trainer.model, trainer.table, batch_from_features([featurize(events, schema)]))
+    served = load_served_model(publication, "1", schema)
+    np.testing.assert_allclose(predict_events(served, events, schema), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_truncated_publication_is_refused_with_a_clear_error(schema, tmp_path):
+    trainer = trained_trainer(schema)
+    publication = trainer.publish_to(tmp_path, read_manifest(trainer.save(tmp_path / "snap")))
+    embeddings = publication / "embeddings.safetensors"
+    embeddings.write_bytes(embeddings.read_bytes()[: embeddings.stat().st_size // 2])
+    with pytest.raises(SnapshotError, match="embeddings.safetensors is unreadable"):
+        load_served_model(publication, "2", schema)

@@ -35,7 +35,7 @@ from trainer.metrics import merged_summary
 from trainer.replica import Trainer, store_path
 from trainer.schedule import LoopState, Round, Schedule, decide
 from trainer.settings import MlflowSettings, TrainerSettings
-from trainer.snapshot import latest_snapshot
+from trainer.snapshot import folder_bytes, latest_snapshot, read_manifest
 
 if TYPE_CHECKING:
     from trainer.batch import Batch
@@ -248,8 +248,9 @@ def _snapshot(
     settings: TrainerSettings,
     events: int,
 ) -> tuple[Path | None, str | None]:
-    """Rank 0 writes and publishes the snapshot (the replicas hold the same model right after a
-    merge); every replica then commits its offsets. Returns (path, registry version) on rank 0."""
+    """Rank 0 writes the recovery snapshot (kept on disk) and the serving publication (vectors only,
+    uploaded and registered); the replicas hold the same model right after a merge. Every replica
+    then commits its offsets. Returns (recovery snapshot path, registry version) on rank 0."""
     offsets: dict[int, int] = {}
     for part in control.gather(trainer.offsets):  # replicas read disjoint partitions
         offsets.update(part)
@@ -261,7 +262,10 @@ def _snapshot(
             "merge_every_steps": settings.group.merge_every_steps,
         }
         path = trainer.save(settings.snapshot.dir, offsets, extra, events=events)
-        version = publisher.publish_snapshot(path, trainer.step)
+        manifest = read_manifest(path)
+        publication = trainer.publish_to(Path(settings.snapshot.dir) / "publications", manifest)
+        version = publisher.publish(publication, trainer.step, recovery_bytes=folder_bytes(path))
+        shutil.rmtree(publication, ignore_errors=True)  # uploaded; the recovery snapshot stays
     control.barrier()  # the snapshot is durable before any replica commits its offsets
     source.commit(offsets)
     return path, version

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from trainer.errors import TrainerError
 from trainer.settings import MlflowSettings
-from trainer.snapshot import snapshot_name
+from trainer.snapshot import folder_bytes, snapshot_name
 
 log = logging.getLogger("adstream.trainer")
 
@@ -61,10 +61,13 @@ class Publisher:
         if clean:
             self.client.log_batch(self.run_id, metrics=clean)
 
-    def publish_snapshot(self, folder: Path, step: int) -> str:
-        """Upload a snapshot folder, register it as a version, point the alias at it. Returns the version."""
-        artifact_path = f"snapshots/{snapshot_name(step)}"
+    def publish(self, folder: Path, step: int, recovery_bytes: int = 0) -> str:
+        """Upload a serving publication, register it as a version, point the alias at it; log its
+        bytes (and, for comparison, the recovery snapshot's). Returns the version."""
+        artifact_path = f"publications/{snapshot_name(step)}"
         self.client.log_artifacts(self.run_id, str(folder), artifact_path)
+        published = folder_bytes(folder)
+        self.log_metrics({"publish_bytes": float(published), "recovery_snapshot_bytes": float(recovery_bytes)}, step)
         name = self.settings.model_name
         if not self._model_exists(name):
             self.client.create_registered_model(name)

@@ -40,7 +40,14 @@ from trainer.metrics import ProgressiveMetrics
 from trainer.model import CtrModel, ModelConfig
 from trainer.optim import wide_deep_optimizer
 from trainer.settings import TrainerSettings
-from trainer.snapshot import Manifest, load_optimizer_state, load_snapshot, save_snapshot, snapshot_name
+from trainer.snapshot import (
+    Manifest,
+    load_optimizer_state,
+    load_snapshot,
+    save_publication,
+    save_snapshot,
+    snapshot_name,
+)
 from trainer.step import StepResult, backward, predict, train_step
 
 STEPS = Counter("adstream_trainer_steps_total", "train steps")
@@ -254,6 +261,10 @@ class Trainer:
             self.table,
             self.optimizer,
         )
+
+    def publish_to(self, root: str | Path, manifest: Manifest) -> Path:
+        """Write the serving publication of this step under root/step-NNNNNNNNN (vectors only)."""
+        return save_publication(Path(root) / snapshot_name(self.step), manifest, self.model, self.table)
 
     def restore(self, path: str | Path) -> Manifest:
         """Continue from a snapshot: dense weights, optimizer state, every row, step, events, offsets.

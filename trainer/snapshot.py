@@ -1,5 +1,11 @@
 """Snapshots: a folder with a manifest, dense weights and embedding rows. Never a pickle.
 
+Two kinds, two jobs. A *recovery* snapshot is the trainer's whole state (what a restarted replica
+restores: optimizer state in the rows and of the dense part, admission counters, offsets); it
+stays on the trainer's disk. A *publication* is what serving needs and nothing more: the dense
+weights and each row's vector, no optimizer state (a third of a recovery snapshot's row bytes);
+it is what goes to MLflow. Files:
+
     manifest.json            format, schema name/hash, model and table config, step, events,
                              batches-topic offsets consumed, metrics, file list
     dense.safetensors        CtrModel state_dict
@@ -16,7 +22,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +67,7 @@ class Manifest:
     created_ms: int = 0
     format: str = FORMAT
     extra: dict[str, object] = field(default_factory=dict)  # e.g. the MLflow run and group size of the job
+    kind: str = "recovery"  # "recovery" (the whole trainer state) or "publication" (vectors only, for serving)
 
 
 @dataclass(frozen=True, eq=False)
@@ -106,6 +113,29 @@ def save_snapshot(
     return path
 
 
+def save_publication(path: str | Path, manifest: Manifest, model: CtrModel, table: EmbeddingTable) -> Path:
+    """What serving loads: manifest (kind "publication"), dense weights, ids and vectors. No
+    optimizer state, no admission counters; the manifest is written last, as for snapshots."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, path / DENSE)
+    ids, rows = table.export()
+    vectors, _, _ = split_rows(rows, table.dim)
+    save_file({"ids": torch.from_numpy(ids), "vectors": vectors.contiguous()}, path / EMBEDDINGS)
+    for file in path.iterdir():
+        _fsync(file)
+    tmp = path / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(asdict(replace(manifest, kind="publication")), indent=2, sort_keys=True))
+    _fsync(tmp)
+    os.replace(tmp, path / MANIFEST)
+    _fsync(path)
+    return path
+
+
+def folder_bytes(path: str | Path) -> int:
+    return sum(f.stat().st_size for f in Path(path).iterdir() if f.is_file())
+
+
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -132,7 +162,10 @@ def read_manifest(path: str | Path) -> Manifest:
 
 
 def read_embeddings(path: str | Path) -> dict[str, torch.Tensor]:
-    return load_file(str(Path(path) / EMBEDDINGS))
+    try:
+        return load_file(str(Path(path) / EMBEDDINGS))
+    except Exception as exc:  # safetensors raises its own error type on a truncated or corrupt file
+        raise SnapshotError(f"snapshot {path}: {EMBEDDINGS} is unreadable ({exc}); refusing it") from None
 
 
 def load_model(path: str | Path, manifest: Manifest) -> CtrModel:

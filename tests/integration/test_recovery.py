@@ -145,4 +145,4 @@ def test_killed_replica_resumes_from_the_snapshot_with_no_record_lost(isolated: 
 
     client = MlflowClient(isolated.mlflow.tracking_uri)
     version = client.get_model_version_by_alias(isolated.mlflow.model_name, isolated.mlflow.alias)
-    assert version.source.endswith(f"snapshots/{final.name}")
+    assert version.source.endswith(f"publications/{final.name}")  # the serving publication of that step
