@@ -103,14 +103,7 @@ def save_snapshot(
     if table.sketch is not None:
         counts = torch.from_numpy(table.sketch.counts.view(np.int16).copy())
         save_file({"counts": counts, "added": torch.tensor([table.sketch.added])}, path / ADMISSION)
-    for file in path.iterdir():  # the data is on disk before the manifest says the snapshot is complete
-        _fsync(file)
-    tmp = path / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(asdict(manifest), indent=2, sort_keys=True))
-    _fsync(tmp)
-    os.replace(tmp, path / MANIFEST)  # the manifest appears last and atomically
-    _fsync(path)
-    return path
+    return _complete(path, manifest)
 
 
 def save_publication(path: str | Path, manifest: Manifest, model: CtrModel, table: EmbeddingTable) -> Path:
@@ -122,10 +115,16 @@ def save_publication(path: str | Path, manifest: Manifest, model: CtrModel, tabl
     ids, rows = table.export()
     vectors, _, _ = split_rows(rows, table.dim)
     save_file({"ids": torch.from_numpy(ids), "vectors": vectors.contiguous()}, path / EMBEDDINGS)
+    return _complete(path, replace(manifest, kind="publication"))
+
+
+def _complete(path: Path, manifest: Manifest) -> Path:
+    """Make the folder durable, then write its manifest: the data is on disk before the manifest
+    says the folder is complete, and the manifest appears last and atomically."""
     for file in path.iterdir():
         _fsync(file)
     tmp = path / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(asdict(replace(manifest, kind="publication")), indent=2, sort_keys=True))
+    tmp.write_text(json.dumps(asdict(manifest), indent=2, sort_keys=True))
     _fsync(tmp)
     os.replace(tmp, path / MANIFEST)
     _fsync(path)
