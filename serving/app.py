@@ -139,6 +139,7 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> FastA
                 "metrics": m.metrics,
                 "offsets": m.offsets,
                 "kind": m.kind,
+                "newest_event_ms": m.newest_event_ms,  # the newest event time the served model learned
                 "last_error": h.last_error,  # the last refused publication, if any
             }
         )

@@ -130,4 +130,5 @@ def test_a_broken_publication_is_refused_and_the_last_model_keeps_serving(schema
         info = client.get("/model").json()
     assert r.status_code == 200 and r.json()["model_version"] == "1"
     assert info["model_version"] == "1" and "unreadable" in info["last_error"]
+    assert info["kind"] == "recovery" and info["newest_event_ms"] == criteo_event(99)["ts"]  # 2 x 50 events learned
     assert refused() > before

@@ -30,6 +30,7 @@ def test_round_trip_restores_the_same_predictions(schema, tmp_path):
     ]
     manifest = read_manifest(path)
     assert manifest.step == 5 and manifest.events == 250 and manifest.offsets == {"0": 5}
+    assert manifest.newest_event_ms == criteo_event(249)["ts"]  # the newest of the 250 events learned
     assert manifest.schema_hash == schema.hash
     table = EmbeddingTable(RamTier(3 * trainer.table_config.dim, 1 << 26), trainer.table_config)
     restored = load_snapshot(path, table)
@@ -39,6 +40,9 @@ def test_round_trip_restores_the_same_predictions(schema, tmp_path):
     np.testing.assert_allclose(predict(restored.model, table, batch), expected, rtol=1e-6)
     served = load_served_model(path, "1", schema)
     np.testing.assert_allclose(predict_events(served, events, schema), expected, rtol=1e-5, atol=1e-6)
+    resumed = trained_trainer(schema, 0)
+    resumed.restore(path)
+    assert resumed.newest_event_ms == manifest.newest_event_ms
     optimizer = make_optimizer(restored.model, trainer.settings)
     load_optimizer_state(path, optimizer)
     saved, live = optimizer.state_dict()["state"], trainer.optimizer.state_dict()["state"]

@@ -27,6 +27,7 @@ class Batch:
     parts: int = 1  # stream batches (Kafka records) this batch was assembled from
     records: tuple[tuple[int, int], ...] = ()  # (partition, offset) of each of those Kafka records
     lists: tuple[tuple[np.ndarray, np.ndarray], ...] = ()  # per list field: (starts (B + 1,), ids), host
+    newest_ms: int = 0  # the newest event time in the batch (ms), for the freshness a model reports
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -41,6 +42,7 @@ class Batch:
             self.parts,
             self.records,
             self.lists,
+            self.newest_ms,
         )
 
 
@@ -59,4 +61,5 @@ def batch_from_features(
         parts=len(parts),
         records=records,
         lists=tuple(concat_lists([p.lists[j] for p in parts]) for j in range(len(parts[0].lists))) if parts else (),
+        newest_ms=max((int(p.ts.max()) for p in parts if len(p.ts)), default=0),
     )

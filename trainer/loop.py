@@ -254,6 +254,7 @@ def _snapshot(
     offsets: dict[int, int] = {}
     for part in control.gather(trainer.offsets):  # replicas read disjoint partitions
         offsets.update(part)
+    trainer.newest_event_ms = max(control.gather(trainer.newest_event_ms))  # the group's freshest event
     path = version = None
     if publisher is not None:
         extra = {

@@ -146,6 +146,7 @@ class Trainer:
         self.step = 0
         self.events = 0
         self.offsets: dict[int, int] = {}  # partition -> next offset to consume, for the partitions learned here
+        self.newest_event_ms = 0  # the newest event time learned (ms); a group's is the max over replicas
         self.train_seconds = 0.0  # time spent learning (not merging), for samples/s
         self.merge_seconds = 0.0
         self.bytes_sent = 0  # merge / sync payload this replica sent
@@ -155,6 +156,7 @@ class Trainer:
         self.metrics.update(batch.labels.numpy(), probs)
         self.events += len(batch)
         self.offsets.update(batch.source_offsets)
+        self.newest_event_ms = max(self.newest_event_ms, batch.newest_ms)
         STEPS.inc()
         SAMPLES.inc(len(batch))
         self.train_seconds += time.perf_counter() - started
@@ -243,6 +245,7 @@ class Trainer:
             metrics=self.metrics.summary(),
             created_ms=int(time.time() * 1000),
             extra=dict(extra or {}),
+            newest_event_ms=self.newest_event_ms,
         )
 
     def save(
@@ -275,4 +278,5 @@ class Trainer:
         self.step = snapshot.manifest.step
         self.events = snapshot.manifest.events
         self.offsets = {int(p): o for p, o in snapshot.manifest.offsets.items()}
+        self.newest_event_ms = snapshot.manifest.newest_event_ms
         return snapshot.manifest

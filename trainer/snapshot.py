@@ -68,6 +68,7 @@ class Manifest:
     format: str = FORMAT
     extra: dict[str, object] = field(default_factory=dict)  # e.g. the MLflow run and group size of the job
     kind: str = "recovery"  # "recovery" (the whole trainer state) or "publication" (vectors only, for serving)
+    newest_event_ms: int = 0  # the newest event time the model has learned (ms): how fresh it is
 
 
 @dataclass(frozen=True, eq=False)
