@@ -18,7 +18,6 @@ import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,6 +26,7 @@ from rich.progress import Progress
 
 from adstream.checks import flat_fields, with_changes
 from bench.baseline import BaselineDeepFM, online_lr
+from bench.pipeline import criteo_files
 from stream.featurize import featurize_records
 from stream.records import FeatureBatch, RawRecord
 from stream.replay import log_records, synthetic_records
@@ -61,7 +61,7 @@ class Stream:
 
 
 def real_stream(schema: Schema, criteo_dir: str) -> Stream | None:
-    files = sorted(Path(criteo_dir).glob("*.txt"), key=lambda p: (not p.name.startswith("autoint"), p.name))
+    files = criteo_files(criteo_dir)
     if not files:
         return None
     parts = [

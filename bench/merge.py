@@ -25,7 +25,7 @@ import torch
 from rich.progress import Progress
 
 from adstream.checks import with_changes
-from bench.pipeline import REAL_BATCH
+from bench.pipeline import REAL_BATCH, criteo_files
 from stream.featurize import featurize_records
 from stream.records import FeatureBatch, RawRecord
 from stream.replay import ReplayRecord, log_records, synthetic_records
@@ -165,7 +165,7 @@ def run_merge_bench(
     datasets.append(
         ("synthetic", _features(synthetic_records(synthetic, schema, bundle=batch_size, fmt="arrow"), "criteo"), base)
     )
-    files = sorted(Path(criteo_dir).glob("*.txt"), key=lambda p: (not p.name.startswith("autoint"), p.name))
+    files = criteo_files(criteo_dir)
     if files:
         real = _features(log_records(files, schema, bundle=REAL_BATCH, fmt="arrow"), "criteo")
         datasets.append(("criteo", real, base))

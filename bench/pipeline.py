@@ -36,6 +36,11 @@ from trainer.settings import TrainerSettings
 REAL_BATCH = 64
 
 
+def criteo_files(criteo_dir: str | Path) -> list[Path]:
+    """The real Criteo rows in time order: the 10k contiguous file first, then the samples."""
+    return sorted(Path(criteo_dir).glob("*.txt"), key=lambda p: (not p.name.startswith("autoint"), p.name))
+
+
 def _rate(n: int, seconds: float) -> float:
     return n / seconds if seconds > 0 else 0.0
 
@@ -194,7 +199,7 @@ def run_pipeline_bench(
     result["replay_bundled_events_per_s"] = replay(iter(bundles), scoped, progress=False).events_per_s
     # parse + check + encode + produce, from a raw TSV log of `events` lines (the real rows repeated
     # when present, else the synthetic events written as Criteo lines)
-    files = sorted(Path(criteo_dir).glob("*.txt"), key=lambda p: (not p.name.startswith("autoint"), p.name))
+    files = criteo_files(criteo_dir)
     tsv = _tsv_log(log_dir / f"bench-{tag}.tsv", files, synthetic, schema, events)
     result["replay_criteo_tsv_events_per_s"] = replay(log_records([tsv], schema), scoped, progress=False).events_per_s
     result["replay_tsv_bundled_events_per_s"] = replay(

@@ -87,10 +87,6 @@ def run_worker(kafka: KafkaSettings, settings: StreamSettings, loglevel: str = "
     worker.execute_from_commandline()
 
 
-def _child(kafka: KafkaSettings, settings: StreamSettings, loglevel: str) -> None:
-    run_worker(kafka, settings, loglevel)
-
-
 def run_workers(kafka: KafkaSettings, settings: StreamSettings, workers: int, loglevel: str = "warning") -> int:
     """Run `workers` Faust workers of the one app (one process each; Kafka splits the partitions
     between them, so more workers than partitions leaves some idle). Returns when one exits (the
@@ -110,7 +106,9 @@ def run_workers(kafka: KafkaSettings, settings: StreamSettings, workers: int, lo
     children = []
     for i in range(workers):
         port = settings.metrics_port + i if settings.metrics_port else 0
-        child = context.Process(target=_child, args=(kafka, replace(settings, metrics_port=port, workers=1), loglevel))
+        child = context.Process(
+            target=run_worker, args=(kafka, replace(settings, metrics_port=port, workers=1), loglevel)
+        )
         child.start()
         children.append(child)
     stopping = False

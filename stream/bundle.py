@@ -36,6 +36,11 @@ def is_arrow_bundle(value: bytes) -> bool:
 
 def encode_event_bundle(events: Sequence[dict[str, object]], schema: Schema) -> bytes:
     """Event dicts -> one Arrow IPC record batch (what a log shipper would send)."""
+    return encode_table(event_table(events, schema))
+
+
+def event_table(events: Sequence[dict[str, object]], schema: Schema) -> pa.Table:
+    """Event dicts -> a bundle-layout table (one typed column per schema field)."""
     columns: dict[str, pa.Array] = {
         schema.event_id: pa.array([str(e[schema.event_id]) for e in events], pa.string()),
         schema.timestamp: pa.array([e[schema.timestamp] for e in events], pa.int64()),
@@ -49,7 +54,7 @@ def encode_event_bundle(events: Sequence[dict[str, object]], schema: Schema) -> 
         columns[name] = pa.array([e[name] for e in events], pa.string())
     for name in schema.list_fields:
         columns[name] = pa.array([e[name] for e in events], pa.list_(pa.string()))
-    return encode_table(pa.Table.from_pydict(columns))
+    return pa.Table.from_pydict(columns)
 
 
 def encode_table(table: pa.Table) -> bytes:

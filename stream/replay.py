@@ -19,13 +19,13 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stream.bundle import encode_table
+from stream.bundle import encode_table, event_table
 from stream.errors import StreamError
 from stream.logs import read_log
 from stream.schema import Schema
 from stream.settings import KafkaSettings
 
-FORMATS = ("json", "arrow")
+BUNDLE_FORMATS = ("json", "arrow")
 
 
 @dataclass(frozen=True)
@@ -87,8 +87,8 @@ def json_lines(table: pa.Table) -> list[bytes]:
 
 def table_records(table: pa.Table, schema: Schema, bundle: int = 1, fmt: str = "json") -> Iterator[ReplayRecord]:
     """Encode a bundle-layout table as Kafka records: one JSON event each, or bundles of `bundle` rows."""
-    if fmt not in FORMATS:
-        raise StreamError(f"replay: bundle format {fmt!r}; use one of {list(FORMATS)}")
+    if fmt not in BUNDLE_FORMATS:
+        raise StreamError(f"replay: bundle format {fmt!r}; use one of {list(BUNDLE_FORMATS)}")
     if not table.num_rows:
         return
     ids = table.column(schema.event_id).to_pylist()
@@ -117,17 +117,10 @@ def log_records(
         yield from table_records(block.good, schema, bundle, fmt)
 
 
-def events_table(events: Iterable[dict[str, object]], schema: Schema) -> pa.Table:
-    """Event dicts (the synthetic generator's) -> a bundle-layout table."""
-    from stream.bundle import encode_event_bundle
-
-    return pa.ipc.open_stream(encode_event_bundle(list(events), schema)).read_all()
-
-
 def synthetic_records(
     events: Iterable[dict[str, object]], schema: Schema, bundle: int = 1, fmt: str = "json"
 ) -> Iterator[ReplayRecord]:
-    return table_records(events_table(events, schema), schema, bundle, fmt)
+    return table_records(event_table(list(events), schema), schema, bundle, fmt)
 
 
 def producer_config(kafka: KafkaSettings) -> dict[str, object]:

@@ -35,7 +35,7 @@ from trainer.metrics import merged_summary
 from trainer.replica import Trainer, store_path
 from trainer.schedule import LoopState, Round, Schedule, decide
 from trainer.settings import MlflowSettings, TrainerSettings
-from trainer.snapshot import folder_bytes, latest_snapshot, read_manifest
+from trainer.snapshot import folder_bytes, latest_snapshot
 
 if TYPE_CHECKING:
     from trainer.batch import Batch
@@ -262,8 +262,8 @@ def _snapshot(
             "workers": control.world,
             "merge_every_steps": settings.group.merge_every_steps,
         }
-        path = trainer.save(settings.snapshot.dir, offsets, extra, events=events)
-        manifest = read_manifest(path)
+        manifest = trainer.manifest(offsets, extra, events)  # one manifest for both artifacts
+        path = trainer.save(settings.snapshot.dir, manifest=manifest)
         publication = trainer.publish_to(Path(settings.snapshot.dir) / "publications", manifest)
         version = publisher.publish(publication, trainer.step, recovery_bytes=folder_bytes(path))
         shutil.rmtree(publication, ignore_errors=True)  # uploaded; the recovery snapshot stays

@@ -254,12 +254,14 @@ class Trainer:
         offsets: dict[int, int] | None = None,
         extra: dict[str, object] | None = None,
         events: int | None = None,
+        manifest: Manifest | None = None,
     ) -> Path:
         """Write a snapshot under root/step-NNNNNNNNN (see snapshot.py); offsets and events default
-        to this replica's (a group passes every replica's offsets and the job's total events)."""
+        to this replica's (a group passes every replica's offsets and the job's total events), or
+        the whole manifest is given."""
         return save_snapshot(
             Path(root) / snapshot_name(self.step),
-            self.manifest(offsets, extra, events),
+            manifest or self.manifest(offsets, extra, events),
             self.model,
             self.table,
             self.optimizer,
