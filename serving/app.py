@@ -4,12 +4,15 @@ POST /predict  one event object or a list of them (the Kafka JSON, label absent)
                -> {"model_version", "schema_hash", "predictions": [{"event_id", "ctr"}]}
                422 names the field: {"detail": [{"loc": ["body", index, field], "msg", "type"}]}
 GET /healthz   liveness (200 while the process runs)
-GET /model     the served version, schema hash, step, metrics (503 before the first model)
+GET /model     the served version, its base step and last delta, the newest event time it
+               learned, schema hash, step, metrics (503 before the first model)
 GET /metrics   Prometheus (requests, latency, swaps, and the served model's progressive AUC,
                logloss and calibration: ECE, predicted vs observed CTR)
 
-A background task polls the registry and swaps a newer version in with one reference
-assignment, so requests in flight finish on the model they started with.
+A background task polls the registry: a newer version is loaded whole and swapped in with one
+reference assignment, so requests in flight finish on the model they started with; deltas of the
+served version are applied in place (serving/loader.py) and the model is swapped for the one with
+their dense weights.
 """
 
 from __future__ import annotations
@@ -26,9 +29,9 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 
-from serving.loader import ServedModel, load_served_model
+from serving.loader import ServedModel, apply_delta, load_served_model
 from serving.predict import predict_events
-from serving.registry import download, resolve
+from serving.registry import download, download_delta, list_deltas, resolve
 from serving.settings import ServingSettings
 from stream.decode import event_from_mapping
 from stream.errors import DecodeError
@@ -39,7 +42,8 @@ REQUESTS = Counter("adstream_serving_requests_total", "prediction requests", ["s
 LATENCY = Histogram(
     "adstream_serving_predict_seconds", "time in /predict", buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5)
 )
-SWAPS = Counter("adstream_serving_model_swaps_total", "models swapped in")
+SWAPS = Counter("adstream_serving_model_swaps_total", "models swapped in (a new base, or deltas applied)")
+DELTAS = Counter("adstream_serving_deltas_applied_total", "delta publications applied in place")
 REFUSED = Counter(
     "adstream_serving_refused_total",
     "publications refused (unreadable, another schema, a bad config): the last model stays",
@@ -50,12 +54,13 @@ MODEL_METRICS = Gauge(
     ["metric"],
 )
 
-# fetch(current_version) -> a newer ServedModel, or None when there is nothing newer
-Fetch = Callable[[str | None], ServedModel | None]
+# fetch(current) -> the model to serve next (a newer base, or current with newer deltas applied),
+# or None when there is nothing newer; raises when a publication is refused
+Fetch = Callable[[ServedModel | None], ServedModel | None]
 
 
 class ModelHolder:
-    """The served model; replaced by reference, never mutated."""
+    """The served model; replaced by reference (deltas write rows into its tier in place)."""
 
     def __init__(self) -> None:
         self.current: ServedModel | None = None
@@ -63,18 +68,41 @@ class ModelHolder:
 
 
 def registry_fetch(tracking_uri: str, model_name: str, settings: ServingSettings, schema: Schema) -> Fetch:
-    refused: set[str] = set()  # versions that failed to load: not downloaded again at every poll
+    """Follow the alias: a new version is downloaded and loaded whole; while it stays, its deltas
+    are applied in order. A refused version or delta is not downloaded again: the model stays
+    until the alias moves to the next base."""
+    refused: set[str] = set()  # versions that failed to load
+    stuck: set[str] = set()  # versions whose next delta was refused (a gap or a broken delta)
 
-    def fetch(current: str | None) -> ServedModel | None:
+    def fetch(current: ServedModel | None) -> ServedModel | None:
         ref = resolve(tracking_uri, model_name, settings.alias)
-        if ref is None or ref.version == current or ref.version in refused:
+        if ref is None or ref.version in refused:
             return None
-        try:
-            path = download(tracking_uri, ref, settings.cache_dir)
-            return load_served_model(path, ref.version, schema)
-        except Exception:
-            refused.add(ref.version)
-            raise
+        if current is None or ref.version != current.version:
+            try:
+                current = load_served_model(download(tracking_uri, ref, settings.cache_dir), ref.version, schema)
+            except Exception:
+                refused.add(ref.version)
+                raise
+            fresh = current
+        elif ref.version in stuck:
+            return None
+        else:
+            fresh = None
+        for sequence in list_deltas(tracking_uri, ref):
+            if sequence <= current.sequence:
+                continue
+            try:
+                path = download_delta(tracking_uri, ref, sequence, settings.cache_dir)
+                if path is None:  # still uploading: next poll
+                    break
+                fresh = current = apply_delta(current, path)
+            except Exception:
+                stuck.add(ref.version)
+                if fresh is not None:  # serve what did apply; the refusal is reported at the next poll
+                    return fresh
+                raise
+        return fresh
 
     return fetch
 
@@ -84,7 +112,7 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> FastA
 
     async def refresh() -> None:
         try:
-            model = await asyncio.to_thread(fetch, holder.current.version if holder.current else None)
+            model = await asyncio.to_thread(fetch, holder.current)
         except Exception as exc:  # a bad publication or a registry hiccup must not kill the server
             holder.last_error = str(exc)
             REFUSED.inc()
@@ -92,9 +120,12 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> FastA
             log.error("model refresh failed, still serving version %s: %s", version, exc)
             return
         if model is not None:
+            before = holder.current
             holder.current = model  # the swap: one reference assignment
             holder.last_error = None
             SWAPS.inc()
+            same_base = before is not None and before.version == model.version
+            DELTAS.inc(model.sequence - (before.sequence if same_base and before else 0))
             for name, value in model.manifest.metrics.items():
                 MODEL_METRICS.labels(name).set(value)
             log.info("serving version %s (step %d)", model.version, model.manifest.step)
@@ -140,6 +171,8 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> FastA
                 "offsets": m.offsets,
                 "kind": m.kind,
                 "newest_event_ms": m.newest_event_ms,  # the newest event time the served model learned
+                "base_step": m.base_step,  # the step of the base publication served
+                "sequence": m.sequence,  # the last delta applied after that base (0: the base alone)
                 "last_error": h.last_error,  # the last refused publication, if any
             }
         )

@@ -1,7 +1,10 @@
-"""Which snapshot to serve: resolve an alias in the MLflow model registry, download its artifacts."""
+"""Which publication to serve: resolve an alias in the MLflow model registry, download its artifacts,
+and list and download the deltas published after that base (trainer/publish.py has the layout)."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,4 +57,32 @@ def download(tracking_uri: str, ref: VersionRef, cache_dir: str | Path) -> Path:
     if path != target:
         for item in path.iterdir():
             item.rename(target / item.name)
+    return target
+
+
+def list_deltas(tracking_uri: str, ref: VersionRef) -> list[int]:
+    """Sequence numbers of the deltas uploaded (or being uploaded) after this version's base, sorted."""
+    import mlflow
+
+    listing = mlflow.artifacts.list_artifacts(artifact_uri=f"{ref.source}/deltas", tracking_uri=tracking_uri)
+    names = [Path(info.path).name for info in listing if info.is_dir]
+    return sorted(int(name) for name in names if name.isdigit())
+
+
+def download_delta(tracking_uri: str, ref: VersionRef, sequence: int, cache_dir: str | Path) -> Path | None:
+    """Download delta `sequence` of this version's base; None while it is still being uploaded (its
+    manifest, uploaded last, is not there yet)."""
+    import mlflow
+
+    target = Path(cache_dir) / ref.name / ref.version / "deltas" / f"{sequence:09d}"
+    if is_complete(target):
+        return target
+    with tempfile.TemporaryDirectory(dir=Path(cache_dir)) as tmp:
+        uri = f"{ref.source}/deltas/{sequence:09d}"
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=tmp, tracking_uri=tracking_uri))
+        if not is_complete(local):
+            return None
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(target, ignore_errors=True)
+        local.rename(target)  # whole or not at all: the cache never holds half a delta
     return target

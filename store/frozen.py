@@ -1,16 +1,27 @@
-"""FrozenTier: a read-only tier over sorted arrays (what serving reads a snapshot's rows from).
+"""FrozenTier: a tier over sorted arrays, frozen to training, that serving reads a publication from.
 
-Rows are found by binary search over the sorted ids, so a snapshot loads with no index to build.
-Its width is whatever the snapshot holds: serving keeps vectors only (dim), no optimizer state;
+Rows are found by binary search over sorted ids, so a publication loads with no index to build.
+Its width is whatever the publication holds: serving keeps vectors only (dim), no optimizer state;
 an EmbeddingTable over a tier of width dim answers lookups and refuses updates.
+
+Serving applies published deltas in place (`apply`): a row the tier holds is overwritten where it
+lies; ids it does not hold go to a small sorted overlay, merged into the base once the overlay
+passes a quarter of it. Readers see one consistent (base, overlay) pair: the pair is replaced by
+one reference assignment. A request reading while a delta lands may see some rows of the delta
+and not others (each row whole or not at all is not promised either): the same staleness any
+in-place update has, bounded by one delta.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from store.errors import StoreError
+
+OVERLAY_SHARE = 0.25  # merge the overlay into the base once it holds this share of the base's rows
 
 
 def find_sorted(sorted_ids: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -20,39 +31,94 @@ def find_sorted(sorted_ids: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, n
     return pos, found
 
 
+class _Arrays(NamedTuple):
+    base_ids: np.ndarray  # int64 (n,) sorted, unique
+    base_rows: torch.Tensor  # float32 (n, width)
+    extra_ids: np.ndarray  # int64 (m,) sorted, unique, none of them in base_ids
+    extra_rows: torch.Tensor  # float32 (m, width)
+
+
 class FrozenTier:
     def __init__(self, ids: np.ndarray, rows: torch.Tensor, where: str = "FrozenTier") -> None:
         """ids int64 (n,) sorted and unique; rows float32 (n, width)."""
         ids = np.asarray(ids, dtype=np.int64)
-        if len(ids) > 1 and not (np.diff(ids) > 0).all():
-            raise StoreError(f"{where}: ids are not sorted and unique; sort them (np.unique) first")
-        if rows.ndim != 2 or len(rows) != len(ids):
-            raise StoreError(f"{where}: rows of shape {tuple(rows.shape)} for {len(ids)} ids; need ({len(ids)}, width)")
-        self.ids = ids
-        self.rows = rows
+        _check(ids, rows, where)
+        self.where = where
         self.width = rows.shape[1]
+        self._arrays = _Arrays(ids, rows, np.zeros(0, dtype=np.int64), rows.new_zeros((0, self.width)))
         self.capacity_bytes = self.bytes_used()
 
     def read(self, ids: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
-        pos, found = find_sorted(self.ids, ids)
+        arrays = self._arrays  # read once: a concurrent apply swaps the pair, never half of it
         out = torch.zeros((len(ids), self.width), dtype=torch.float32)
-        if found.any():
-            out[torch.from_numpy(found)] = self.rows[torch.from_numpy(pos[found])]
+        found = np.zeros(len(ids), dtype=bool)
+        for sorted_ids, rows in ((arrays.base_ids, arrays.base_rows), (arrays.extra_ids, arrays.extra_rows)):
+            pos, hit = find_sorted(sorted_ids, ids)
+            hit &= ~found
+            if hit.any():
+                out[torch.from_numpy(hit)] = rows[torch.from_numpy(pos[hit])]
+                found |= hit
         return out, found
+
+    def apply(self, ids: np.ndarray, rows: torch.Tensor) -> int:
+        """A published delta: rows (k, width) for unique ids (k,). Held rows are overwritten in
+        place, new ids join the overlay. Returns how many ids were new."""
+        ids = np.asarray(ids, dtype=np.int64)
+        order = np.argsort(ids, kind="stable")
+        ids, rows = ids[order], rows[torch.from_numpy(order)]
+        _check(ids, rows, f"{self.where}: delta")
+        if rows.shape[1] != self.width:
+            raise StoreError(f"{self.where}: delta rows of width {rows.shape[1]}, this tier holds {self.width}")
+        arrays = self._arrays
+        left = np.ones(len(ids), dtype=bool)
+        for sorted_ids, stored in ((arrays.base_ids, arrays.base_rows), (arrays.extra_ids, arrays.extra_rows)):
+            pos, hit = find_sorted(sorted_ids, ids)
+            if hit.any():
+                stored[torch.from_numpy(pos[hit])] = rows[torch.from_numpy(hit)]  # in place
+                left &= ~hit
+        if not left.any():
+            return 0
+        extra_ids, extra_rows = _merge(arrays.extra_ids, arrays.extra_rows, ids[left], rows[torch.from_numpy(left)])
+        if len(extra_ids) > OVERLAY_SHARE * max(len(arrays.base_ids), 1):
+            base_ids, base_rows = _merge(arrays.base_ids, arrays.base_rows, extra_ids, extra_rows)
+            self._arrays = _Arrays(base_ids, base_rows, extra_ids[:0], extra_rows[:0])
+        else:
+            self._arrays = _Arrays(arrays.base_ids, arrays.base_rows, extra_ids, extra_rows)
+        return int(left.sum())
 
     def write(self, ids: np.ndarray, rows: torch.Tensor, step: int = 0) -> None:
         raise StoreError(
-            "FrozenTier.write: this tier is read-only (a loaded snapshot); train on a RamTier or TieredStore"
+            "FrozenTier.write: this tier is frozen to training (a loaded publication); "
+            "train on a RamTier or TieredStore"
         )
 
     def remove(self, ids: np.ndarray) -> int:
-        raise StoreError("FrozenTier.remove: this tier is read-only (a loaded snapshot)")
+        raise StoreError("FrozenTier.remove: this tier is frozen to training (a loaded publication)")
 
     def all_ids(self) -> np.ndarray:
-        return self.ids
+        arrays = self._arrays
+        return np.sort(np.concatenate([arrays.base_ids, arrays.extra_ids]))
 
     def bytes_used(self) -> int:
-        return int(self.ids.nbytes + self.rows.element_size() * self.rows.nelement())
+        a = self._arrays
+        row_bytes = a.base_rows.element_size() * (a.base_rows.nelement() + a.extra_rows.nelement())
+        return int(a.base_ids.nbytes + a.extra_ids.nbytes + row_bytes)
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return len(self._arrays.base_ids) + len(self._arrays.extra_ids)
+
+
+def _check(ids: np.ndarray, rows: torch.Tensor, where: str) -> None:
+    if len(ids) > 1 and not (np.diff(ids) > 0).all():
+        raise StoreError(f"{where}: ids are not sorted and unique; sort them (np.unique) first")
+    if rows.ndim != 2 or len(rows) != len(ids):
+        raise StoreError(f"{where}: rows of shape {tuple(rows.shape)} for {len(ids)} ids; need ({len(ids)}, width)")
+
+
+def _merge(
+    ids_a: np.ndarray, rows_a: torch.Tensor, ids_b: np.ndarray, rows_b: torch.Tensor
+) -> tuple[np.ndarray, torch.Tensor]:
+    """Two disjoint sorted id sets and their rows -> one sorted set (new arrays; the inputs stay)."""
+    ids = np.concatenate([ids_a, ids_b])
+    order = np.argsort(ids, kind="stable")
+    return ids[order], torch.cat([rows_a, rows_b])[torch.from_numpy(order)]

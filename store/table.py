@@ -100,6 +100,7 @@ class EmbeddingTable:
         self.sketch = AdmissionSketch(config.admission_bytes, config.seed) if admitting else None
         self.admissions = 0
         self._touched: list[np.ndarray] = []  # ids written since the last take_touched() (replica merges)
+        self._changed: list[np.ndarray] = []  # ids written or merged since the last take_changed() (deltas)
         self._sighted: list[np.ndarray] = []  # ids counted by the sketch since the last take_sighted()
 
     @property
@@ -210,6 +211,7 @@ class EmbeddingTable:
         self.count_sightings(lookup)
         self.tier.write(lookup.unique_ids, new_rows, step=step)
         self._touched.append(lookup.unique_ids)
+        self._changed.append(lookup.unique_ids)
 
     def count_sightings(self, lookup: Lookup) -> None:
         """Admission bookkeeping: one more sighting of every id still waiting."""
@@ -224,6 +226,13 @@ class EmbeddingTable:
         touched = np.unique(np.concatenate(self._touched)) if self._touched else np.zeros(0, dtype=np.int64)
         self._touched = []
         return touched
+
+    def take_changed(self) -> np.ndarray:
+        """Unique ids (sorted) of every row changed here since the last call, by a step or a merge:
+        what a published delta must carry. Resets the record."""
+        changed = np.unique(np.concatenate(self._changed)) if self._changed else np.zeros(0, dtype=np.int64)
+        self._changed = []
+        return changed
 
     def take_sighted(self) -> np.ndarray:
         """Ids counted by the admission sketch since the last call (with repeats); resets the record."""
@@ -244,6 +253,7 @@ class EmbeddingTable:
     def put(self, ids: np.ndarray, rows: torch.Tensor, step: int) -> None:
         """Overwrite (or create) rows for unique ids: merged rows are admitted wherever they land."""
         self.tier.write(ids, rows, step=step)
+        self._changed.append(ids)
 
     def apply_grad(self, ids: np.ndarray, grad: torch.Tensor, step: int) -> None:
         """One optimizer step on rows for unique ids with grad (n, dim) (synchronous data parallel:

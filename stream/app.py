@@ -32,6 +32,7 @@ def build_app(kafka: KafkaSettings, settings: StreamSettings) -> faust.App:
         settings.app_id,
         broker=f"kafka://{kafka.bootstrap}",
         store="memory://",
+        datadir=".state/faust/{conf.id}",  # Faust's own folder, out of the working tree
         web_enabled=False,
         topic_partitions=kafka.partitions,
         consumer_auto_offset_reset="earliest",

@@ -115,6 +115,30 @@ CASES = [
         LoopState(rounds=5, events=8, since_merge=2),
         Actions(learn=True, merge=False, snapshot=False, report=True, stop=False),
     ),
+    (
+        "rank 0's publish clock makes a sync point with a delta",
+        LoopState(rounds=2, since_merge=1),
+        Round(batches=2, events=8, idle=0, publish_due=True),
+        TWO,
+        LoopState(rounds=3, events=8, since_merge=0),
+        Actions(learn=True, merge=True, snapshot=False, report=False, stop=False, sync=True, publish=True),
+    ),
+    (
+        "no delta when nothing was learned since the last sync point",
+        LoopState(rounds=3),
+        Round(batches=0, events=0, idle=0, publish_due=True),
+        TWO,
+        LoopState(rounds=3),
+        Actions(learn=False, merge=False, snapshot=False, report=False, stop=False),
+    ),
+    (
+        "a snapshot (a base) in the same round replaces the delta",
+        LoopState(rounds=9, since_merge=1),
+        Round(batches=2, events=8, idle=0, publish_due=True),
+        TWO,
+        LoopState(rounds=10, events=8, since_merge=0, last_snapshot_round=10),
+        Actions(learn=True, merge=True, snapshot=True, report=True, stop=False, sync=True),
+    ),
 ]
 
 
@@ -126,10 +150,12 @@ def test_decide(
 
 
 def test_control_vector_round_trip() -> None:
-    one = Round.vector(events=5, idle=False, merge_due=True, snapshot_due=False)
+    one = Round.vector(events=5, idle=False, merge_due=True, snapshot_due=False, publish_due=True)
     none = Round.vector(events=None, idle=True, merge_due=False, snapshot_due=True)
     summed = [a + b for a, b in zip(one, none, strict=True)]
-    assert Round.from_sum(summed) == Round(batches=1, events=5, idle=1, merge_due=True, snapshot_due=True)
+    assert Round.from_sum(summed) == Round(
+        batches=1, events=5, idle=1, merge_due=True, snapshot_due=True, publish_due=True
+    )
 
 
 @pytest.mark.parametrize("k", [1, 3, 16])

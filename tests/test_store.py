@@ -136,10 +136,35 @@ def test_frozen_tier_reads_what_was_exported_and_refuses_writes(tier):
     assert got_found.tolist() == want_found.tolist() == [True, False, True, True, False]
     torch.testing.assert_close(got, want.cpu())
     assert len(frozen) == len(ids) and isinstance(frozen, Tier)
-    with pytest.raises(StoreError, match="read-only"):
+    with pytest.raises(StoreError, match="frozen to training"):
         frozen.write(probe[:1], torch.zeros(1, WIDTH))
     with pytest.raises(StoreError, match="sorted"):
         FrozenTier(exported[::-1].copy(), torch.zeros(len(ids), WIDTH))
+
+
+def test_frozen_tier_after_deltas_reads_as_a_tier_written_the_same_way():
+    """Deltas applied in place (overwrites, new ids in the overlay, the overlay merged into the
+    base) leave the frozen tier reading exactly as a RamTier given the same writes."""
+    rng = np.random.default_rng(3)
+    base = np.unique(rng.integers(-1000, 1000, 300))
+    reference = RamTier(WIDTH, 1 << 20)
+    reference.write(base, torch.randn(len(base), WIDTH))
+    frozen = FrozenTier(base, reference.read(base)[0].clone())
+    for round_ in range(12):  # later rounds push the overlay past a quarter of the base: a merge
+        ids = np.unique(rng.integers(-1500, 1500, 40 + 10 * round_))
+        rows = torch.randn(len(ids), WIDTH)
+        new = int((~reference.read(ids)[1]).sum())
+        reference.write(ids, rows)
+        shuffled = rng.permutation(len(ids))  # a delta's ids need not come sorted
+        assert frozen.apply(ids[shuffled], rows[torch.from_numpy(shuffled)]) == new
+    probe = np.arange(-1600, 1600, dtype=np.int64)
+    (want, want_found), (got, got_found) = reference.read(probe), frozen.read(probe)
+    assert got_found.tolist() == want_found.tolist()
+    torch.testing.assert_close(got, want.cpu())
+    assert len(frozen) == len(reference) and frozen.all_ids().tolist() == np.sort(reference.all_ids()).tolist()
+    assert len(frozen._arrays.base_ids) > len(base)  # the overlay was merged into the base at least once
+    with pytest.raises(StoreError, match="width"):
+        frozen.apply(np.array([1]), torch.zeros(1, WIDTH + 1))
 
 
 @pytest.mark.parametrize("min_count", [1, 3])

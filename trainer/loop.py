@@ -19,7 +19,7 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -124,7 +124,7 @@ def _run(
     version: str | None = None
     snapshot_path: Path | None = None
     batches_built = 0
-    last_merge_t = last_snapshot_t = idle_since = time.monotonic()
+    last_merge_t = last_snapshot_t = last_publish_t = idle_since = time.monotonic()
     started, start_events = time.perf_counter(), state.events
     merged: dict[str, float] = {}
     bar = Progress(TextColumn("train"), TextColumn("{task.fields[info]}"), TimeElapsedColumn(), disable=not progress)
@@ -137,11 +137,15 @@ def _run(
                 now = time.monotonic()
                 if batch is not None:
                     idle_since = now
+                publish_due = rank == 0 and 0 < settings.snapshot.publish_every_s <= now - last_publish_t
+                no_base = publisher is not None and publisher.base_path is None  # a delta needs a base first
                 mine = Round.vector(
                     events=len(batch) if batch is not None else None,
                     idle=idle_exit_s is not None and now - idle_since >= idle_exit_s,
                     merge_due=rank == 0 and 0 < settings.group.merge_every_s <= now - last_merge_t,
-                    snapshot_due=rank == 0 and now - last_snapshot_t >= settings.snapshot.every_s,
+                    snapshot_due=rank == 0
+                    and (now - last_snapshot_t >= settings.snapshot.every_s or publish_due and no_base),
+                    publish_due=publish_due,
                 )
                 state, act = decide(state, Round.from_sum(control.sum(mine)), schedule)
                 if act.learn:
@@ -152,7 +156,10 @@ def _run(
                     last_merge_t = time.monotonic()
                 if act.snapshot:
                     snapshot_path, version = _snapshot(trainer, control, publisher, source, settings, state.events)
-                    last_snapshot_t = time.monotonic()
+                    last_snapshot_t = last_publish_t = time.monotonic()
+                if act.publish:
+                    _publish_delta(trainer, control, publisher, settings, state.events)
+                    last_publish_t = time.monotonic()
                 if act.report:
                     merged = _report(trainer, control, publisher)
                     info = f"step {trainer.step} events {state.events} auc {merged['progressive_auc']:.4f}"
@@ -255,6 +262,7 @@ def _snapshot(
     for part in control.gather(trainer.offsets):  # replicas read disjoint partitions
         offsets.update(part)
     trainer.newest_event_ms = max(control.gather(trainer.newest_event_ms))  # the group's freshest event
+    trainer.table.take_changed()  # a base holds every row: deltas start again from here
     path = version = None
     if publisher is not None:
         extra = {
@@ -270,6 +278,34 @@ def _snapshot(
     control.barrier()  # the snapshot is durable before any replica commits its offsets
     source.commit(offsets)
     return path, version
+
+
+def _publish_delta(
+    trainer: Trainer, control: Control, publisher: Publisher | None, settings: TrainerSettings, events: int
+) -> None:
+    """Rank 0 sends serving the rows changed since the last publication and the dense weights, as
+    the next delta of the current base (replicas hold the same model right after the merge). A
+    failed upload is logged, not fatal: the next publication is then a base."""
+    changed = trainer.table.take_changed()  # every replica: what changed since the last publication
+    trainer.newest_event_ms = max(control.gather(trainer.newest_event_ms))
+    if publisher is None or publisher.base_path is None:
+        return
+    extra = {"mlflow_run_id": publisher.run_id, "workers": control.world}
+    manifest = replace(
+        trainer.manifest(extra=extra, events=events), base_step=publisher.base_step, sequence=publisher.sequence + 1
+    )
+    folder = trainer.publish_delta_to(Path(settings.snapshot.dir) / "deltas", manifest, changed)
+    try:
+        publisher.publish_delta(folder, manifest.sequence, trainer.step, len(changed))
+    except Exception as exc:  # MLflow unreachable for a moment: the next publication is a base
+        log.error(
+            "delta %d of base step %d not published (%s); the next publication is a base",
+            manifest.sequence,
+            manifest.base_step,
+            exc,
+        )
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _report(trainer: Trainer, control: Control, publisher: Publisher | None) -> dict[str, float]:

@@ -1,5 +1,14 @@
-"""Publish to MLflow: one run per training job (params, metrics), each snapshot as run artifacts,
-registered as a new model version and given the serving alias."""
+"""Publish to MLflow: one run per training job (params, metrics); each base publication as run
+artifacts, registered as a new model version and given the serving alias; deltas beside their base.
+
+Layout in the run's artifacts:
+    publications/step-NNNNNNNNN/                 a base: manifest, dense and every row's vector
+    publications/step-NNNNNNNNN/deltas/SSSSSSSSS/ delta SSSSSSSSS of that base: changed rows only
+
+Deltas are not registry versions (a version every few seconds would flood the registry): serving
+finds them by listing the folder of the version it serves. A delta's manifest is uploaded after
+its data, so a delta whose manifest is listed is whole.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +18,7 @@ from pathlib import Path
 
 from trainer.errors import TrainerError
 from trainer.settings import MlflowSettings
-from trainer.snapshot import folder_bytes, snapshot_name
+from trainer.snapshot import MANIFEST, folder_bytes, snapshot_name
 
 log = logging.getLogger("adstream.trainer")
 
@@ -38,6 +47,9 @@ class Publisher:
             raise TrainerError(
                 f"mlflow at {settings.tracking_uri}: unreachable ({type(exc).__name__}); start it with `adstream up`"
             ) from None
+        self.base_path: str | None = None  # artifact path of the base deltas apply to (None: send a base)
+        self.base_step = 0  # that base's step
+        self.sequence = 0  # the last delta sent after it
         if run_id:
             try:
                 self.run = self.client.get_run(run_id)
@@ -74,8 +86,25 @@ class Publisher:
         source = f"{self.run.info.artifact_uri}/{artifact_path}"
         version = self.client.create_model_version(name, source=source, run_id=self.run_id)
         self.client.set_registered_model_alias(name, self.settings.alias, version.version)
+        self.base_path, self.base_step, self.sequence = artifact_path, step, 0
         log.info("published %s version %s (step %d)", name, version.version, step)
         return str(version.version)
+
+    def publish_delta(self, folder: Path, sequence: int, step: int, rows: int) -> None:
+        """Upload delta `sequence` of the current base: data first, manifest last. On any failure
+        the base is forgotten, so the next publication is a base (serving never sees a gap)."""
+        if self.base_path is None or sequence != self.sequence + 1:
+            raise TrainerError(f"delta {sequence}: no base to apply it to, or not the next one after {self.sequence}")
+        target = f"{self.base_path}/deltas/{sequence:09d}"
+        try:
+            files = sorted(f for f in folder.iterdir() if f.name != MANIFEST)
+            for file in [*files, folder / MANIFEST]:
+                self.client.log_artifact(self.run_id, str(file), target)
+        except BaseException:
+            self.base_path = None
+            raise
+        self.sequence = sequence
+        self.log_metrics({"delta_bytes": float(folder_bytes(folder)), "delta_rows": float(rows)}, step)
 
     def _model_exists(self, name: str) -> bool:
         from mlflow.exceptions import MlflowException

@@ -44,6 +44,7 @@ from trainer.snapshot import (
     Manifest,
     load_optimizer_state,
     load_snapshot,
+    save_delta,
     save_publication,
     save_snapshot,
     snapshot_name,
@@ -270,6 +271,11 @@ class Trainer:
     def publish_to(self, root: str | Path, manifest: Manifest) -> Path:
         """Write the serving publication of this step under root/step-NNNNNNNNN (vectors only)."""
         return save_publication(Path(root) / snapshot_name(self.step), manifest, self.model, self.table)
+
+    def publish_delta_to(self, root: str | Path, manifest: Manifest, changed: np.ndarray) -> Path:
+        """Write a delta publication (rows of the `changed` ids, dense weights) under
+        root/step-NNNNNNNNN; the manifest carries its base and sequence."""
+        return save_delta(Path(root) / snapshot_name(self.step), manifest, self.model, self.table, changed)
 
     def restore(self, path: str | Path) -> Manifest:
         """Continue from a snapshot: dense weights, optimizer state, every row, step, events, offsets.

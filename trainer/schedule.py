@@ -16,7 +16,10 @@ Rules:
     says so, or at the stop; at a sync point the replicas merge (k > 0; with k = 0 every step is
     already synchronous, so there is nothing to merge);
   - a snapshot is taken only at a sync point with new rounds since the last one, when
-    snapshot_every_steps rounds have passed, rank 0's clock says so, or at the stop;
+    snapshot_every_steps rounds have passed, rank 0's clock says so, or at the stop; it is a
+    recovery snapshot and a base publication for serving;
+  - rank 0's publish clock (publish_every_s) makes a sync point too, where a delta publication
+    is sent (the rows changed since the last publication), unless a snapshot is taken there;
   - report metrics every log_every_steps learning rounds.
 """
 
@@ -46,16 +49,20 @@ class Round:
     idle: int  # replicas that have had no batch for idle_exit_s
     merge_due: bool = False  # rank 0's clock: merge_every_s has passed since the last merge
     snapshot_due: bool = False  # rank 0's clock: snapshot_every_s has passed since the last snapshot
+    publish_due: bool = False  # rank 0's clock: publish_every_s has passed since the last publication
 
     @staticmethod
-    def vector(events: int | None, idle: bool, merge_due: bool, snapshot_due: bool) -> list[float]:
+    def vector(
+        events: int | None, idle: bool, merge_due: bool, snapshot_due: bool, publish_due: bool = False
+    ) -> list[float]:
         """One replica's contribution; `events` is None without a batch."""
-        return [float(events is not None), float(events or 0), float(idle), float(merge_due), float(snapshot_due)]
+        flags = (idle, merge_due, snapshot_due, publish_due)
+        return [float(events is not None), float(events or 0), *(float(f) for f in flags)]
 
     @classmethod
     def from_sum(cls, summed: list[float]) -> Round:
-        batches, events, idle, merge_due, snapshot_due = summed
-        return cls(int(batches), int(events), int(idle), merge_due > 0, snapshot_due > 0)
+        batches, events, idle, merge_due, snapshot_due, publish_due = summed
+        return cls(int(batches), int(events), int(idle), merge_due > 0, snapshot_due > 0, publish_due > 0)
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,7 @@ class Actions:
     report: bool  # log metrics now
     stop: bool  # leave the loop after this round
     sync: bool = False  # a sync point (the clocks of merge_every_s restart)
+    publish: bool = False  # send a delta publication now (after the merge)
 
 
 def decide(state: LoopState, summed: Round, schedule: Schedule) -> tuple[LoopState, Actions]:
@@ -90,7 +98,7 @@ def decide(state: LoopState, summed: Round, schedule: Schedule) -> tuple[LoopSta
         or bool(schedule.max_steps and state.rounds >= schedule.max_steps)
         or bool(schedule.max_events and state.events >= schedule.max_events)
     )
-    due = state.since_merge >= max(schedule.merge_every_steps, 1) or summed.merge_due
+    due = state.since_merge >= max(schedule.merge_every_steps, 1) or summed.merge_due or summed.publish_due
     sync = stop or (state.since_merge > 0 and due)
     snapshot = False
     if sync:
@@ -103,4 +111,7 @@ def decide(state: LoopState, summed: Round, schedule: Schedule) -> tuple[LoopSta
         )
     report = learn and state.rounds % schedule.log_every_steps == 0
     merge = sync and schedule.merge_every_steps > 0
-    return state, Actions(learn=learn, merge=merge, snapshot=snapshot, report=report, stop=stop, sync=sync)
+    publish = sync and summed.publish_due and not snapshot
+    return state, Actions(
+        learn=learn, merge=merge, snapshot=snapshot, report=report, stop=stop, sync=sync, publish=publish
+    )

@@ -77,6 +77,7 @@ class StoreSettings:
 class SnapshotSettings:
     every_steps: int = at_least(1, 200)  # take a snapshot after this many steps...
     every_s: float = at_least(0, 60.0)  # ...or this many seconds, whichever comes first
+    publish_every_s: float = at_least(0, 5.0)  # serving gets a delta (rows changed since) this often; 0 = bases only
     dir: str = ".state/snapshots"  # local folder for snapshots before upload
 
     def __post_init__(self) -> None:

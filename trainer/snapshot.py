@@ -1,10 +1,12 @@
 """Snapshots: a folder with a manifest, dense weights and embedding rows. Never a pickle.
 
-Two kinds, two jobs. A *recovery* snapshot is the trainer's whole state (what a restarted replica
+Two artifacts, two jobs. A *recovery* snapshot is the trainer's whole state (what a restarted replica
 restores: optimizer state in the rows and of the dense part, admission counters, offsets); it
 stays on the trainer's disk. A *publication* is what serving needs and nothing more: the dense
 weights and each row's vector, no optimizer state (a third of a recovery snapshot's row bytes);
-it is what goes to MLflow. Files:
+it is what goes to MLflow. A publication is a *base* (every row) or a *delta* (the rows changed
+since the previous publication, and the dense weights), numbered 1, 2, ... after its base; serving
+applies deltas in order, in place (serving/loader.py). Files:
 
     manifest.json            format, schema name/hash, model and table config, step, events,
                              batches-topic offsets consumed, metrics, file list
@@ -67,8 +69,10 @@ class Manifest:
     created_ms: int = 0
     format: str = FORMAT
     extra: dict[str, object] = field(default_factory=dict)  # e.g. the MLflow run and group size of the job
-    kind: str = "recovery"  # "recovery" (the whole trainer state) or "publication" (vectors only, for serving)
+    kind: str = "recovery"  # "recovery" (the whole trainer state), "publication" (a base) or "delta"
     newest_event_ms: int = 0  # the newest event time the model has learned (ms): how fresh it is
+    base_step: int = 0  # publications: the step of the base a delta applies to (a base: its own step)
+    sequence: int = 0  # deltas: 1, 2, ... after their base, applied in this order; 0 for a base
 
 
 @dataclass(frozen=True, eq=False)
@@ -116,7 +120,21 @@ def save_publication(path: str | Path, manifest: Manifest, model: CtrModel, tabl
     ids, rows = table.export()
     vectors, _, _ = split_rows(rows, table.dim)
     save_file({"ids": torch.from_numpy(ids), "vectors": vectors.contiguous()}, path / EMBEDDINGS)
-    return _complete(path, replace(manifest, kind="publication"))
+    return _complete(path, replace(manifest, kind="publication", base_step=manifest.step, sequence=0))
+
+
+def save_delta(
+    path: str | Path, manifest: Manifest, model: CtrModel, table: EmbeddingTable, changed: np.ndarray
+) -> Path:
+    """A delta publication: the dense weights and the vectors of the `changed` ids (sorted, unique)
+    only; the manifest (kind "delta", its base and sequence already set by the caller) comes last."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, path / DENSE)
+    rows, held = table.stored_rows(changed)
+    vectors, _, _ = split_rows(rows[torch.from_numpy(held)], table.dim)  # an expired row is not re-sent
+    save_file({"ids": torch.from_numpy(changed[held]), "vectors": vectors.contiguous()}, path / EMBEDDINGS)
+    return _complete(path, replace(manifest, kind="delta"))
 
 
 def _complete(path: Path, manifest: Manifest) -> Path:

@@ -1,0 +1,89 @@
+"""Deltas through the real MLflow server: the trainer's Publisher uploads a base and its deltas,
+serving's registry fetch follows them in order and serves the trainer's predictions; a gap is
+refused, counted once, and the last good model keeps serving until the next base."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adstream.config import Config
+from serving.app import registry_fetch
+from serving.predict import predict_events
+from stream.schema import load_schema
+from tests.helpers import trained_trainer
+from tests.test_deltas import learn_more, probe_events, publish_base, publish_delta, trainer_predictions
+from trainer.errors import TrainerError
+from trainer.publish import Publisher
+
+pytestmark = pytest.mark.integration
+
+
+def test_serving_follows_base_and_deltas_and_refuses_a_gap(isolated: Config, tmp_path: Path):
+    schema = load_schema(isolated.stream.schema)
+    trainer = trained_trainer(schema, 3)
+    publisher = Publisher(isolated.mlflow, run_name="deltas")
+    version = publisher.publish(publish_base(trainer, tmp_path), trainer.step)
+    fetch = registry_fetch(isolated.mlflow.tracking_uri, isolated.mlflow.model_name, isolated.serving, schema)
+    served = fetch(None)
+    assert served is not None and served.version == version and served.sequence == 0
+    assert fetch(served) is None  # nothing newer
+
+    for sequence, first in ((1, 150), (2, 250)):
+        learn_more(trainer, schema, first, 2)
+        delta, changed = publish_delta(trainer, tmp_path, publisher.base_step, sequence)
+        publisher.publish_delta(delta, sequence, trainer.step, len(changed))
+    served = fetch(served)  # both deltas in one poll, in order
+    assert served is not None and served.version == version and served.sequence == 2
+    np.testing.assert_allclose(
+        predict_events(served, probe_events(schema), schema), trainer_predictions(trainer, schema), rtol=1e-5, atol=1e-6
+    )
+    late = fetch(None)  # a server starting now: the base, then every delta
+    assert late is not None and late.sequence == 2
+
+    # a gap: delta 4 uploaded where 3 never was (the publisher refuses to, so go around it)
+    with pytest.raises(TrainerError, match="not the next one"):
+        publisher.publish_delta(delta, 4, trainer.step, 0)
+    learn_more(trainer, schema, 350, 1)
+    gap, _ = publish_delta(trainer, tmp_path, publisher.base_step, 4)
+    publisher.sequence = 3
+    publisher.publish_delta(gap, 4, trainer.step, 0)
+    with pytest.raises(Exception, match="gap"):
+        fetch(served)
+    assert fetch(served) is None  # refused once, not downloaded again: the model stays
+    # the next base brings serving up to date
+    new_version = publisher.publish(publish_base(trainer, tmp_path / "next"), trainer.step)
+    newest = fetch(served)
+    assert newest is not None and newest.version == new_version and newest.sequence == 0
+    np.testing.assert_allclose(
+        predict_events(newest, probe_events(schema), schema), trainer_predictions(trainer, schema), rtol=1e-5, atol=1e-6
+    )
+
+
+def test_a_training_job_publishes_deltas_between_bases(isolated: Config, tmp_path: Path):
+    """run_training on the real broker sends deltas on its publish clock (before the first base
+    exists it sends a base instead)."""
+    from mlflow import MlflowClient
+
+    from adstream.checks import with_changes
+    from trainer.loop import run_training
+    from trainer.snapshot import read_manifest
+
+    from .test_recovery import RECORDS_PER_PARTITION, job_config, produce_batches
+
+    produce_batches(isolated)
+    config = job_config(isolated, tmp_path, "deltas")
+    config = replace(config, trainer=with_changes(config.trainer, {"snapshot.publish_every_s": 0.05}))
+    schema = load_schema(config.stream.schema)
+    summary = run_training(schema, config.kafka, config.trainer, config.mlflow, idle_exit_s=3.0, progress=False)
+    assert summary.steps == 2 * RECORDS_PER_PARTITION
+    run_id = str(read_manifest(summary.snapshot_path).extra["mlflow_run_id"])
+    client = MlflowClient(config.mlflow.tracking_uri)
+    rows = [m.value for m in client.get_metric_history(run_id, "delta_rows")]
+    assert rows and all(r > 0 for r in rows)
+    bases = [info.path for info in client.list_artifacts(run_id, "publications")]
+    deltas = [d for base in bases for d in client.list_artifacts(run_id, f"{base}/deltas")]
+    assert len(deltas) == len(rows)
