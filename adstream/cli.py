@@ -118,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("bench", help="benchmarks printing JSON (not tests)")
-    p.add_argument("which", choices=["pipeline", "store", "merge", "accuracy"])
+    p.add_argument("which", choices=["pipeline", "store", "merge", "accuracy", "serving"])
     stack_flags(p)
     p.add_argument(
         "--events", type=int, help="synthetic events (pipeline: per stage, 100000; merge: 2000000; accuracy: 1000000)"
@@ -129,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ids", type=int, default=50_000_000, help="store: distinct ids in the table")
     p.add_argument("--batches", type=int, default=40, help="store: timed batches of 4096 events x 26 fields")
     p.add_argument("--device", default="cpu", help="store: device of the device tier (cuda:0 on a GPU machine)")
+    p.add_argument("--rate", type=float, default=500.0, help="serving: requests/s of the open-loop load")
+    p.add_argument("--seconds", type=float, default=30.0, help="serving: seconds of each load phase")
+    p.add_argument("--fresh-seconds", type=float, default=60.0, help="serving: seconds of producing for freshness")
+    p.add_argument("--rows", type=int, default=1_000_000, help="serving: table rows for the publish-bytes figures")
     p.add_argument("--json", help="write the JSON here too")
     p.set_defaults(func=cmd_bench)
     return parser

@@ -132,9 +132,7 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    import uvicorn
-
-    from serving.app import create_app, registry_fetch
+    from serving.app import run_server
     from stream.schema import load_schema
 
     config = _config(args)
@@ -143,10 +141,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         serving = replace(serving, port=args.port)
     if args.alias:
         serving = replace(serving, alias=args.alias)
-    schema = load_schema(config.stream.schema)
-    fetch = registry_fetch(config.mlflow.tracking_uri, config.mlflow.model_name, serving, schema)
-    app = create_app(serving, schema, fetch)
-    uvicorn.run(app, host=serving.host, port=serving.port, log_level="warning")
+    run_server(serving, load_schema(config.stream.schema), config.mlflow.tracking_uri, config.mlflow.model_name)
 
 
 def cmd_predict(args: argparse.Namespace) -> None:
@@ -211,6 +206,27 @@ def cmd_bench(args: argparse.Namespace) -> None:
         from bench.merge import run_merge_bench
 
         result = run_merge_bench(events=args.events or 2_000_000, criteo_dir=args.criteo)
+    elif args.which == "serving":
+        from pathlib import Path
+
+        from adstream import stack
+        from bench.serving import run_serving_bench
+
+        config = _config(args)
+        stack.up(config.stack, config.kafka)
+        result = run_serving_bench(
+            config.stream.schema,
+            config.kafka,
+            config.stream,
+            config.trainer,
+            config.mlflow,
+            config.serving,
+            Path(config.stack.state_dir).resolve() / "bench-logs",
+            rate=args.rate,
+            seconds=args.seconds,
+            fresh_s=args.fresh_seconds,
+            rows=args.rows,
+        )
     elif args.which == "accuracy":
         from bench.accuracy import run_accuracy_bench
         from stream.schema import load_schema

@@ -231,6 +231,14 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> FastA
     return app
 
 
+def run_server(settings: ServingSettings, schema: Schema, tracking_uri: str, model_name: str) -> None:
+    """Serve the registry's `model_name` (behind settings.alias) in the foreground until SIGINT/SIGTERM."""
+    import uvicorn
+
+    fetch = registry_fetch(tracking_uri, model_name, settings, schema)
+    uvicorn.run(create_app(settings, schema, fetch), host=settings.host, port=settings.port, log_level="warning")
+
+
 def _unprocessable(locs: list[tuple[Any, ...]], msg: str) -> JSONResponse:
     return JSONResponse(
         {"detail": [{"loc": list(loc), "msg": msg, "type": "value_error"} for loc in locs]}, status_code=422

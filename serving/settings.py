@@ -13,7 +13,7 @@ class ServingSettings:
     host: str = "127.0.0.1"  # interface to bind
     port: int = at_least(1, 18000)  # HTTP port
     alias: str = "live"  # registry alias to serve; "latest" means the highest version number
-    poll_s: float = at_least(0.01, 5.0)  # how often to look for a newer version behind the alias
+    poll_s: float = at_least(0.01, 1.0)  # how often to look for a newer version or delta (2 registry calls)
     cache_dir: str = ".state/serving"  # where downloaded snapshots are kept
     max_events: int = at_least(1, 10_000)  # most events accepted in one request
     threads: int = at_least(1, 1)  # torch threads per request (1 keeps latency steady under concurrency)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from pathlib import Path
 
 import faust
 from prometheus_client import Counter, start_http_server
@@ -21,6 +22,7 @@ from stream.schema import load_schema
 from stream.settings import KafkaSettings, StreamSettings
 
 log = logging.getLogger("adstream.stream")
+FAUST_DIR = ".state/faust"
 EVENTS = Counter("adstream_stream_events_total", "events featurized into batches")
 REJECTED = Counter("adstream_stream_rejected_total", "events sent to the dead-letter topic")
 BATCHES = Counter("adstream_stream_batches_total", "Arrow batches written")
@@ -28,11 +30,12 @@ BATCHES = Counter("adstream_stream_batches_total", "Arrow batches written")
 
 def build_app(kafka: KafkaSettings, settings: StreamSettings) -> faust.App:
     schema = load_schema(settings.schema)
+    Path(FAUST_DIR).mkdir(parents=True, exist_ok=True)  # Faust makes its own folder, not the parents
     app = faust.App(
         settings.app_id,
         broker=f"kafka://{kafka.bootstrap}",
         store="memory://",
-        datadir=".state/faust/{conf.id}",  # Faust's own folder, out of the working tree
+        datadir=f"{FAUST_DIR}/{{conf.id}}",  # Faust's own folder, out of the working tree
         web_enabled=False,
         topic_partitions=kafka.partitions,
         consumer_auto_offset_reset="earliest",

@@ -187,11 +187,15 @@ def schema_from_dict(content: dict[str, object], where: str = "schema") -> Schem
     )
 
 
+def schema_file(name_or_path: str | Path) -> Path:
+    """The file of a bundled schema's name ("criteo"), or the path itself."""
+    path = Path(name_or_path)
+    return SCHEMA_DIR / f"{name_or_path}.toml" if not path.suffix else path
+
+
 def load_schema(name_or_path: str | Path = "criteo") -> Schema:
     """Load a bundled schema by name ("criteo") or any schema file by path."""
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = SCHEMA_DIR / f"{name_or_path}.toml"
+    path = schema_file(name_or_path)
     if not path.is_file():
         raise SchemaError(
             f"schema {str(name_or_path)!r}: no file at {path}; bundled: "

@@ -1,0 +1,31 @@
+"""The baseline of `adstream bench serving`: the same publication behind MLflow's own scoring server
+(`mlflow models serve`), as a pyfunc "model from code" (no pickled class). It predicts with the very
+functions adstream's server uses, so the two differ only in the serving layer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlflow
+from mlflow.pyfunc import PythonModel
+
+
+class PublicationModel(PythonModel):
+    def load_context(self, context: Any) -> None:
+        from serving.loader import load_served_model
+        from stream.schema import load_schema
+
+        self.schema = load_schema(context.artifacts["schema"])
+        self.served = load_served_model(context.artifacts["publication"], "pyfunc", self.schema)
+
+    def predict(self, context: Any, model_input: Any, params: dict[str, Any] | None = None) -> list[float]:
+        """model_input: a DataFrame of events (the Kafka JSON fields) -> one CTR per row."""
+        from serving.predict import predict_events
+        from stream.decode import event_from_mapping
+
+        rows = model_input.to_dict("records")
+        events = [event_from_mapping(row, self.schema, require_label=False) for row in rows]
+        return [float(c) for c in predict_events(self.served, events, self.schema)]
+
+
+mlflow.models.set_model(PublicationModel())

@@ -1,0 +1,466 @@
+"""`adstream bench serving`: latency, hot swaps, freshness and publish bytes, in one run.
+
+- latency: POST /predict at `rate` requests/s for `seconds`, open loop (each request leaves at its
+  scheduled time whatever the earlier ones do, and its latency counts from that time, so a server
+  that stalls is charged for the queue it builds), with one event per request and with 64. The
+  baseline is the same publication behind `mlflow models serve` (bench/pyfunc_model.py: the same
+  predict functions as a pyfunc model) at the same load.
+- hot swaps: the single-event load again while 3 new bases are published; requests that failed.
+- freshness, on the local stack as in production (Faust featurizer, trainer, server, each its own
+  process): events are produced with their time set to now; an event's freshness is the first
+  moment /model reports a newest_event_ms at or past its time, minus its time.
+- publish bytes: a base vs deltas of 1% and 10% of the rows of a 1M-row table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import torch
+
+from bench.pipeline import _stop, _worker_main
+from serving.settings import ServingSettings
+from stream.replay import ReplayRecord, replay
+from stream.schema import Schema, load_schema, schema_file
+from stream.settings import KafkaSettings, StreamSettings
+from stream.synthetic import SyntheticConfig, SyntheticCriteo
+from stream.topics import ensure_topics
+from trainer.batch import batch_from_features
+from trainer.replica import Trainer
+from trainer.settings import MlflowSettings, TrainerSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+JSON = {"Content-Type": "application/json"}
+
+
+@dataclass(frozen=True)
+class Load:
+    """What an open-loop run measured."""
+
+    latencies_ms: np.ndarray  # (sent,) from each request's scheduled time to its response; NaN if it failed
+    seconds: float  # wall time of the run
+    versions: tuple[str, ...]  # model versions answered, in the order first seen
+
+    def summary(self) -> dict[str, Any]:
+        ok = self.latencies_ms[~np.isnan(self.latencies_ms)]
+        pick = (lambda q: float(np.percentile(ok, q))) if len(ok) else (lambda q: float("nan"))
+        return {
+            "sent": len(self.latencies_ms),
+            "failed": int(np.isnan(self.latencies_ms).sum()),
+            "requests_per_s": len(self.latencies_ms) / self.seconds if self.seconds else 0.0,
+            "p50_ms": pick(50),
+            "p99_ms": pick(99),
+            "max_ms": float(ok.max()) if len(ok) else float("nan"),
+        }
+
+
+def open_loop(url: str, bodies: list[bytes], rate: float, seconds: float, timeout_s: float = 5.0) -> Load:
+    return asyncio.run(_open_loop(url, bodies, rate, seconds, timeout_s))
+
+
+async def _open_loop(url: str, bodies: list[bytes], rate: float, seconds: float, timeout_s: float) -> Load:
+    import aiohttp
+
+    n = int(rate * seconds)
+    latencies = np.full(n, np.nan)
+    versions: dict[str, None] = {}
+    loop = asyncio.get_running_loop()
+    connector = aiohttp.TCPConnector(limit=1024)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+        start = loop.time() + 0.05
+
+        async def one(i: int) -> None:
+            scheduled = start + i / rate
+            try:
+                async with session.post(url, data=bodies[i % len(bodies)], headers=JSON) as response:
+                    body = await response.read()
+                    if response.status != 200:
+                        return
+            except (TimeoutError, aiohttp.ClientError):
+                return
+            latencies[i] = (loop.time() - scheduled) * 1000
+            version = orjson.loads(body).get("model_version") if body.startswith(b"{") else None
+            if version is not None:
+                versions.setdefault(str(version))
+
+        tasks = []
+        for i in range(n):
+            delay = start + i / rate - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(i)))
+        await asyncio.gather(*tasks)
+        seconds_taken = loop.time() - start
+    return Load(latencies, seconds_taken, tuple(versions))
+
+
+# --- processes ---------------------------------------------------------------------------------
+def _redirect(log_file: str) -> None:
+    with open(log_file, "ab") as log:
+        os.dup2(log.fileno(), sys.stdout.fileno())
+        os.dup2(log.fileno(), sys.stderr.fileno())
+
+
+def _serve_main(settings: ServingSettings, schema_path: str, tracking_uri: str, model_name: str, log: str) -> None:
+    from serving.app import run_server
+
+    _redirect(log)
+    run_server(settings, load_schema(schema_path), tracking_uri, model_name)
+
+
+def _train_main(
+    schema_path: str, kafka: KafkaSettings, settings: TrainerSettings, mlflow: MlflowSettings, log: str
+) -> None:
+    from trainer.loop import run_training
+
+    _redirect(log)
+    run_training(load_schema(schema_path), kafka, settings, mlflow, idle_exit_s=15.0, progress=False)
+
+
+def _wait_http(url: str, what: str, timeout_s: float, alive: Any) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not alive():
+            raise RuntimeError(f"bench serving: {what} exited before answering {url}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"bench serving: {what} did not answer {url} within {timeout_s}s")
+
+
+def _free_port() -> int:
+    from trainer.group import free_port
+
+    return free_port()
+
+
+# --- the pieces --------------------------------------------------------------------------------
+def _train_some(trainer: Trainer, generator: SyntheticCriteo, schema: Schema, events: int) -> None:
+    from stream.decode import event_from_mapping
+    from stream.featurize import featurize
+
+    chunk, _ = generator.generate(events)
+    decoded = [event_from_mapping(e, schema) for e in chunk]
+    for start in range(0, len(decoded), trainer.settings.batch_size):
+        trainer.learn(batch_from_features([featurize(decoded[start : start + trainer.settings.batch_size], schema)]))
+
+
+def _publish_base(trainer: Trainer, publisher: Any, folder: Path) -> tuple[str, Path]:
+    """(registry version, publication folder) of a new base."""
+    trainer.table.take_changed()
+    publication = trainer.publish_to(folder, trainer.manifest())
+    return str(publisher.publish(publication, trainer.step)), publication
+
+
+def _bodies(schema: Schema, events: list[dict[str, Any]], per_request: int, mlflow_format: bool) -> list[bytes]:
+    unlabelled = [{k: v for k, v in e.items() if k != schema.label} for e in events]
+    groups = [unlabelled[i : i + per_request] for i in range(0, len(unlabelled) - per_request + 1, per_request)]
+    if mlflow_format:
+        return [orjson.dumps({"dataframe_records": g}) for g in groups]
+    return [orjson.dumps(g[0] if per_request == 1 else g) for g in groups]
+
+
+def _mlflow_baseline(publication: Path, schema_path: str, mlflow: MlflowSettings, log_dir: Path) -> tuple[Any, str]:
+    """Log the publication as a pyfunc model and start `mlflow models serve` on it: (process, url)."""
+    import mlflow as mlflow_lib
+
+    mlflow_lib.set_tracking_uri(mlflow.tracking_uri)
+    mlflow_lib.set_experiment(mlflow.experiment)
+    with mlflow_lib.start_run(run_name="bench-serving-pyfunc"):
+        info = mlflow_lib.pyfunc.log_model(
+            name="model",
+            python_model=str(Path(__file__).with_name("pyfunc_model.py")),
+            artifacts={"publication": str(publication), "schema": str(schema_file(schema_path))},
+        )
+    port = _free_port()
+    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow.tracking_uri, "PYTHONPATH": str(ROOT)}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # its uvicorn is ours
+    cmd = [sys.executable, "-m", "mlflow", "models", "serve", "-m", info.model_uri, "--env-manager", "local"]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    log = open(log_dir / "mlflow-serve.log", "ab")  # noqa: SIM115 (lives as long as the process)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    _wait_http(f"{url}/ping", "mlflow models serve", 180, lambda: proc.poll() is None)
+    return proc, url
+
+
+def _stamped_records(schema: Schema, events: int, stamps: list[int], every: int) -> Iterator[ReplayRecord]:
+    """Synthetic events, one JSON record each, their time set to the moment they are made; every
+    `every`-th event's time is kept in `stamps`."""
+    generator = SyntheticCriteo(schema, SyntheticConfig(seed=11))
+    made = 0
+    while made < events:
+        chunk, _ = generator.generate(min(1000, events - made))
+        for event in chunk:
+            now = time.time_ns() // 1_000_000
+            event[schema.timestamp] = now
+            if made % every == 0:
+                stamps.append(now)
+            made += 1
+            yield ReplayRecord(str(event[schema.event_id]).encode(), orjson.dumps(event), 1)
+
+
+def freshness(
+    schema_path: str,
+    kafka: KafkaSettings,
+    stream: StreamSettings,
+    trainer: TrainerSettings,
+    mlflow: MlflowSettings,
+    serving: ServingSettings,
+    log_dir: Path,
+    seconds: float = 60.0,
+    rate: float = 2000.0,
+) -> dict[str, Any]:
+    """Event produced -> /model reports a model that learned it, on the local stack (see the module
+    docstring). The first third of the run is warm-up (the processes start, the first base
+    appears) and is not sampled."""
+    import httpx
+
+    schema = load_schema(schema_path)
+    ensure_topics(kafka)
+    context = multiprocessing.get_context("spawn")
+    url = f"http://{serving.host}:{serving.port}"
+    processes = [
+        context.Process(target=_worker_main, args=(kafka, stream, str(log_dir / "fresh-stream.log"))),
+        context.Process(
+            target=_train_main, args=(schema_path, kafka, trainer, mlflow, str(log_dir / "fresh-train.log"))
+        ),
+        context.Process(
+            target=_serve_main,
+            args=(serving, schema_path, mlflow.tracking_uri, mlflow.model_name, str(log_dir / "fresh-serve.log")),
+        ),
+    ]
+    for p in processes:
+        p.start()
+    stamps: list[int] = []
+    polls: list[tuple[int, int]] = []  # (wall ms, newest_event_ms served)
+    total = int(seconds * rate)
+    try:
+        _wait_http(f"{url}/healthz", "the server", 60, processes[2].is_alive)
+        producer = threading.Thread(
+            target=replay,
+            args=(_stamped_records(schema, total, stamps, every=max(1, int(rate) // 10)), kafka),
+            kwargs={"rate": rate, "progress": False},
+        )
+        producer.start()
+        deadline = None
+        with httpx.Client(timeout=2) as client:
+            while deadline is None or time.monotonic() < deadline:
+                if not producer.is_alive() and deadline is None:
+                    deadline = time.monotonic() + 30  # time for the last events to reach serving
+                try:
+                    info = client.get(f"{url}/model")
+                    if info.status_code == 200:
+                        polls.append((time.time_ns() // 1_000_000, int(info.json()["newest_event_ms"])))
+                except httpx.HTTPError:
+                    pass
+                if polls and stamps and polls[-1][1] >= stamps[-1] and not producer.is_alive():
+                    break
+                time.sleep(0.05)
+        producer.join()
+    finally:
+        for p in processes:
+            _stop(p)
+    sampled = stamps[len(stamps) // 3 :]
+    wall = np.array([p[0] for p in polls], dtype=np.int64)
+    newest = np.maximum.accumulate(np.array([p[1] for p in polls], dtype=np.int64)) if polls else wall
+    first = np.searchsorted(newest, np.array(sampled, dtype=np.int64), side="left")
+    seen = first < len(wall)
+    delays = (wall[first[seen]] - np.array(sampled)[seen]) / 1000.0 if seen.any() else np.zeros(0)
+    return {
+        "events": total,
+        "rate": rate,
+        "sampled": len(sampled),
+        "not_served": int((~seen).sum()),
+        "freshness_p50_s": float(np.percentile(delays, 50)) if len(delays) else float("nan"),
+        "freshness_p99_s": float(np.percentile(delays, 99)) if len(delays) else float("nan"),
+        "publish_every_s": trainer.snapshot.publish_every_s,
+        "poll_s": serving.poll_s,
+    }
+
+
+def publish_bytes(schema: Schema, settings: TrainerSettings, rows: int, folder: Path) -> dict[str, Any]:
+    """Bytes of a base publication of `rows` rows vs deltas changing 1% and 10% of them."""
+    from trainer.snapshot import folder_bytes
+
+    trainer = Trainer(schema, settings)
+    rng = np.random.default_rng(0)
+    ids = np.unique(rng.integers(-(2**62), 2**62, rows + rows // 100))[:rows]
+    trainer.table.load(ids, trainer.table.fresh_rows(ids))
+    base = trainer.publish_to(folder / "base", trainer.manifest())
+    out: dict[str, Any] = {"rows": len(ids), "base_bytes": folder_bytes(base)}
+    trainer.table.take_changed()
+    counts = {}
+    for share in (0.01, 0.1):
+        changed = np.sort(rng.choice(ids, int(share * len(ids)), replace=False))
+        stored, _ = trainer.table.stored_rows(changed)
+        trainer.table.put(changed, stored + 0.01, step=1)
+        manifest = replace(trainer.manifest(), base_step=trainer.step, sequence=1)
+        delta = trainer.publish_delta_to(folder / f"delta-{share:g}", manifest, trainer.table.take_changed())
+        out[f"delta_bytes_{share:.0%}"] = folder_bytes(delta)
+        counts[share] = len(changed)
+    # what one more changed row costs in a delta, against what a row costs in the base
+    out["bytes_per_changed_row"] = (out["delta_bytes_10%"] - out["delta_bytes_1%"]) / (counts[0.1] - counts[0.01])
+    out["bytes_per_base_row"] = out["base_bytes"] / len(ids)
+    return out
+
+
+def run_serving_bench(
+    schema_path: str,
+    kafka: KafkaSettings,
+    stream: StreamSettings,
+    trainer_settings: TrainerSettings,
+    mlflow: MlflowSettings,
+    serving: ServingSettings,
+    log_dir: Path,
+    rate: float = 500.0,
+    seconds: float = 30.0,
+    fresh_s: float = 60.0,
+    rows: int = 1_000_000,
+) -> dict[str, Any]:
+    from rich.console import Console
+
+    from trainer.publish import Publisher
+
+    say = Console(stderr=True).print
+    log_dir.mkdir(parents=True, exist_ok=True)
+    schema = load_schema(schema_path)
+    tag = uuid.uuid4().hex[:6]
+    mlflow = replace(mlflow, experiment=f"{mlflow.experiment}-bench", model_name=f"bench-serving-{tag}")
+    result: dict[str, Any] = {
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "rate": rate,
+        "seconds": seconds,
+    }
+    torch.manual_seed(0)
+    say("[bench serving] training a model and publishing it")
+    trainer = Trainer(schema, replace(trainer_settings, batch_size=256))
+    generator = SyntheticCriteo(schema, SyntheticConfig(seed=7))
+    _train_some(trainer, generator, schema, 20_000)
+    publisher = Publisher(mlflow, run_name="bench-serving")
+    work = Path(tempfile.mkdtemp(prefix="bench-serving-"))
+    _, first = _publish_base(trainer, publisher, work / "v1")
+    requests, _ = generator.generate(6400)
+    context = multiprocessing.get_context("spawn")
+    ours = replace(serving, port=_free_port(), cache_dir=str(work / "cache"))
+    server = context.Process(
+        target=_serve_main,
+        args=(ours, schema_path, mlflow.tracking_uri, mlflow.model_name, str(log_dir / "serve.log")),
+    )
+    server.start()
+    baseline = None
+    try:
+        url = f"http://{ours.host}:{ours.port}"
+        _wait_http(f"{url}/model", "adstream serve", 120, server.is_alive)
+        for per_request in (1, 64):
+            bodies = _bodies(schema, requests, per_request, mlflow_format=False)
+            open_loop(f"{url}/predict", bodies, rate, 2.0)  # warm-up
+            say(f"[bench serving] adstream, {per_request} event(s) per request, {rate:g}/s for {seconds:g}s")
+            result[f"adstream_{per_request}"] = open_loop(f"{url}/predict", bodies, rate, seconds).summary()
+
+        say("[bench serving] hot swaps under load")
+        swapped: list[str] = []
+
+        def swap() -> None:
+            for i in range(3):
+                time.sleep(seconds / 4)
+                _train_some(trainer, generator, schema, 2048)
+                swapped.append(_publish_base(trainer, publisher, work / f"v{i + 2}")[0])
+
+        swapper = threading.Thread(target=swap)
+        swapper.start()
+        bodies = _bodies(schema, requests, 1, mlflow_format=False)
+        load = open_loop(f"{url}/predict", bodies, rate, seconds)
+        swapper.join()
+        result["hot_swaps"] = {
+            **load.summary(),
+            "swaps": len(swapped),
+            "versions_served": list(load.versions),
+        }
+        say("[bench serving] the mlflow pyfunc baseline")
+        baseline, base_url = _mlflow_baseline(first, schema_path, mlflow, log_dir)
+        for per_request in (1, 64):
+            bodies = _bodies(schema, requests, per_request, mlflow_format=True)
+            open_loop(f"{base_url}/invocations", bodies, rate, 2.0)
+            say(f"[bench serving] mlflow pyfunc, {per_request} event(s) per request")
+            result[f"mlflow_pyfunc_{per_request}"] = open_loop(
+                f"{base_url}/invocations", bodies, rate, seconds
+            ).summary()
+    finally:
+        _stop(server)
+        if baseline is not None:
+            baseline.terminate()
+            baseline.wait(30)
+
+    say(f"[bench serving] publish bytes at {rows:,} rows")
+    result["publish_bytes"] = publish_bytes(schema, trainer_settings, rows, work / "bytes")
+
+    say(f"[bench serving] freshness on the local stack for {fresh_s:g}s")
+    scope = f"bench-fresh-{tag}"
+    result["freshness"] = freshness(
+        schema_path,
+        kafka.scoped(scope),
+        replace(stream, app_id=f"{scope}-featurizer"),
+        replace(
+            trainer_settings,
+            group_id=f"{scope}-trainer",
+            snapshot=replace(trainer_settings.snapshot, dir=str(work / "snapshots")),
+        ),
+        replace(mlflow, model_name=f"{scope}-model"),
+        replace(serving, port=_free_port(), cache_dir=str(work / "fresh-cache")),
+        log_dir,
+        seconds=fresh_s,
+    )
+    result["targets"] = check_targets(result)
+    return result
+
+
+def check_targets(result: dict[str, Any]) -> dict[str, Any]:
+    """The issue's targets, each with the figures it compares."""
+    ours, theirs = result["adstream_1"], result["mlflow_pyfunc_1"]
+    swaps, fresh, size = result["hot_swaps"], result["freshness"], result["publish_bytes"]
+    per_row, base_row = size["bytes_per_changed_row"], size["bytes_per_base_row"]
+    return {
+        "p99 single event <= 5 ms": [ours["p99_ms"], 5.0, ours["p99_ms"] <= 5.0],
+        "p99 >= 5x better than mlflow pyfunc": [
+            theirs["p99_ms"] / ours["p99_ms"],
+            5.0,
+            theirs["p99_ms"] >= 5 * ours["p99_ms"],
+        ],
+        "0 failed requests across 3 hot swaps": [
+            swaps["failed"],
+            swaps["swaps"],
+            swaps["failed"] == 0 and swaps["swaps"] == 3,
+        ],
+        "freshness p50 <= 10 s": [fresh["freshness_p50_s"], 10.0, fresh["freshness_p50_s"] <= 10.0],
+        "delta bytes proportional to changed rows (bytes per changed row <= a base row's)": [
+            per_row,
+            base_row,
+            per_row <= base_row,
+        ],
+    }
+
+
+__all__ = ["Load", "freshness", "open_loop", "publish_bytes", "run_serving_bench"]
