@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint bench bench-accuracy bench-store bench-merge lock down clean
+.PHONY: setup demo test lint bench bench-accuracy bench-store bench-merge bench-serving lock down clean
 
 setup: $(VENV)/.installed
 
@@ -34,6 +34,9 @@ bench-store: setup
 
 bench-merge: setup
 	$(BIN)/adstream bench merge --json .state/bench-merge.json
+
+bench-serving: setup
+	$(BIN)/adstream bench serving --json .state/bench-serving.json
 
 lock:
 	$(BIN)/pip freeze --exclude-editable | grep -v '^adstream' > requirements.lock.new && mv requirements.lock.new requirements.lock

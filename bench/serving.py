@@ -132,6 +132,44 @@ def _train_main(
     run_training(load_schema(schema_path), kafka, settings, mlflow, idle_exit_s=15.0, progress=False)
 
 
+def _server_histogram(url: str) -> dict[str, float]:
+    """adstream serve's own time in /predict (its Prometheus histogram): bucket bound -> count."""
+    import httpx
+
+    out = {}
+    for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
+        if line.startswith("adstream_serving_predict_seconds_bucket"):
+            out[line.split('le="')[1].split('"')[0]] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith(("adstream_serving_predict_seconds_sum", "adstream_serving_predict_seconds_count")):
+            out[line.split(" ")[0].rsplit("_", 1)[1]] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def _server_share(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The server-side view of one phase: mean time in /predict and the share under 1 and 5 ms."""
+    count = after["count"] - before["count"]
+    if count <= 0:
+        return {}
+    return {
+        "server_mean_ms": 1000 * (after["sum"] - before["sum"]) / count,
+        "server_share_under_1ms": (after["0.001"] - before["0.001"]) / count,
+        "server_share_under_5ms": (after["0.005"] - before["0.005"]) / count,
+    }
+
+
+def _publish_main(mlflow: MlflowSettings, run_id: str, folders: list[Path], every_s: float, ready: Any) -> None:
+    """Register each publication as a new version (the alias moves), one every `every_s` after
+    setting `ready` (its imports and client are made before the load starts)."""
+    from trainer.publish import Publisher
+    from trainer.snapshot import read_manifest
+
+    publisher = Publisher(mlflow, run_id=run_id)
+    ready.set()  # the load starts now
+    for folder in folders:
+        time.sleep(every_s)
+        publisher.publish(folder, read_manifest(folder).step)
+
+
 def _wait_http(url: str, what: str, timeout_s: float, alive: Any) -> None:
     import httpx
 
@@ -321,7 +359,8 @@ def publish_bytes(schema: Schema, settings: TrainerSettings, rows: int, folder: 
         counts[share] = len(changed)
     # what one more changed row costs in a delta, against what a row costs in the base
     out["bytes_per_changed_row"] = (out["delta_bytes_10%"] - out["delta_bytes_1%"]) / (counts[0.1] - counts[0.01])
-    out["bytes_per_base_row"] = out["base_bytes"] / len(ids)
+    out["dense_bytes"] = (base / "dense.safetensors").stat().st_size  # in every base and every delta
+    out["bytes_per_base_row"] = (out["base_bytes"] - out["dense_bytes"]) / len(ids)
     return out
 
 
@@ -378,27 +417,25 @@ def run_serving_bench(
             bodies = _bodies(schema, requests, per_request, mlflow_format=False)
             open_loop(f"{url}/predict", bodies, rate, 2.0)  # warm-up
             say(f"[bench serving] adstream, {per_request} event(s) per request, {rate:g}/s for {seconds:g}s")
-            result[f"adstream_{per_request}"] = open_loop(f"{url}/predict", bodies, rate, seconds).summary()
+            before = _server_histogram(url)
+            summary = open_loop(f"{url}/predict", bodies, rate, seconds).summary()
+            result[f"adstream_{per_request}"] = {**summary, **_server_share(before, _server_histogram(url))}
 
         say("[bench serving] hot swaps under load")
-        swapped: list[str] = []
-
-        def swap() -> None:
-            for i in range(3):
-                time.sleep(seconds / 4)
-                _train_some(trainer, generator, schema, 2048)
-                swapped.append(_publish_base(trainer, publisher, work / f"v{i + 2}")[0])
-
-        swapper = threading.Thread(target=swap)
+        folders = []  # trained before the load starts: the swaps themselves only upload and register
+        for i in range(3):
+            _train_some(trainer, generator, schema, 2048)
+            trainer.table.take_changed()
+            folders.append(trainer.publish_to(work / f"v{i + 2}", trainer.manifest()))
+        ready = context.Event()
+        swapper = context.Process(target=_publish_main, args=(mlflow, publisher.run_id, folders, seconds / 4, ready))
         swapper.start()
+        ready.wait(120)
         bodies = _bodies(schema, requests, 1, mlflow_format=False)
         load = open_loop(f"{url}/predict", bodies, rate, seconds)
-        swapper.join()
-        result["hot_swaps"] = {
-            **load.summary(),
-            "swaps": len(swapped),
-            "versions_served": list(load.versions),
-        }
+        swapper.join(60)
+        result["hot_swaps"] = {**load.summary(), "swaps": len(folders) if swapper.exitcode == 0 else 0}
+        result["hot_swaps"]["versions_served"] = list(load.versions)
         say("[bench serving] the mlflow pyfunc baseline")
         baseline, base_url = _mlflow_baseline(first, schema_path, mlflow, log_dir)
         for per_request in (1, 64):

@@ -32,12 +32,12 @@ def forward(model: CtrModel, table: EmbeddingTable, batch: Batch):  # type: igno
     n, f = batch.ids.shape
     if not batch.lists:
         lookup = table.lookup(batch.ids, device=batch.labels.device)
-        leaf = lookup.vectors.detach().requires_grad_(True)
+        leaf = _leaf(lookup.vectors)
         return model(leaf[lookup.inverse].view(n, f, -1), batch.dense), lookup, leaf
     flat = [batch.ids.reshape(-1)] + [ids for _, ids in batch.lists]
     columns = [np.tile(np.arange(f), n)] + [np.full(len(ids), f + j) for j, (_, ids) in enumerate(batch.lists)]
     lookup = table.lookup(np.concatenate(flat), device=batch.labels.device, columns=np.concatenate(columns))
-    leaf = lookup.vectors.detach().requires_grad_(True)
+    leaf = _leaf(lookup.vectors)
     rows = leaf[lookup.inverse]
     fields = [rows[: n * f].view(n, f, -1)]
     at = n * f
@@ -51,6 +51,12 @@ def forward(model: CtrModel, table: EmbeddingTable, batch: Batch):  # type: igno
             pooled = pooled / lengths.clamp(min=1).unsqueeze(1).to(rows.dtype)
         fields.append(pooled.unsqueeze(1))
     return model(torch.cat(fields, dim=1), batch.dense), lookup, leaf
+
+
+def _leaf(vectors: torch.Tensor) -> torch.Tensor:
+    """The looked-up vectors as the leaf the row gradients collect in (none when predicting)."""
+    leaf = vectors.detach()
+    return leaf.requires_grad_(True) if torch.is_grad_enabled() else leaf
 
 
 def backward(model: CtrModel, optimizer: torch.optim.Optimizer, table: EmbeddingTable, batch: Batch):  # type: ignore[no-untyped-def]
@@ -78,9 +84,10 @@ def train_step(
     return result
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def predict(model: CtrModel, table: EmbeddingTable, batch: Batch) -> np.ndarray:
     """CTR (B,) for a batch, without learning (unseen ids read what store.table.unseen_vectors gives)."""
-    model.eval()
+    if model.training:  # eval() walks every module: skip it when already set (serving's hot path)
+        model.eval()
     logits, _, _ = forward(model, table, batch)
     return torch.sigmoid(logits).cpu().numpy()
