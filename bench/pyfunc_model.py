@@ -18,8 +18,9 @@ class PublicationModel(PythonModel):
         self.schema = load_schema(context.artifacts["schema"])
         self.served = load_served_model(context.artifacts["publication"], "pyfunc", self.schema)
 
-    def predict(self, context: Any, model_input: Any, params: dict[str, Any] | None = None) -> list[float]:
-        """model_input: a DataFrame of events (the Kafka JSON fields) -> one CTR per row."""
+    def predict(self, context, model_input, params=None):  # type: ignore[no-untyped-def]
+        """model_input: a DataFrame of events (the Kafka JSON fields) -> one CTR per row. (No type
+        hints: MLflow would try to build a signature from them.)"""
         from serving.predict import predict_events
         from stream.decode import event_from_mapping
 

@@ -4,6 +4,7 @@ POST /predict  one event object or a list of them (the Kafka JSON, label absent)
                -> {"model_version", "schema_hash", "predictions": [{"event_id", "ctr"}]}
                422 names the field: {"detail": [{"loc": ["body", index, field], "msg", "type"}]}
 GET /healthz   liveness (200 while the process runs)
+               (with serving.token set, /predict and /model need "Authorization: Bearer <token>": 401)
 GET /model     the served version, its base step and last delta, the newest event time it
                learned, schema hash, step, metrics (503 before the first model)
 GET /metrics   Prometheus (requests, latency, swaps, and the served model's progressive AUC,
@@ -18,14 +19,17 @@ their dense weights.
 from __future__ import annotations
 
 import asyncio
+import gc
+import hmac
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
 import torch
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 
@@ -110,6 +114,20 @@ def registry_fetch(tracking_uri: str, model_name: str, settings: ServingSettings
 
 def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> FastAPI:
     holder = ModelHolder()
+    token = settings.token or os.environ.get("ADSTREAM_SERVING_TOKEN", "")
+
+    def authorized(request: Request) -> None:
+        """With a token set: 401 unless the request carries it (compared in constant time)."""
+        if not token:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            REQUESTS.labels("401").inc()
+            raise HTTPException(
+                status_code=401,
+                detail="missing or wrong bearer token: send 'Authorization: Bearer <serving.token>'",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
 
     async def refresh() -> None:
         try:
@@ -140,6 +158,7 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> FastA
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         torch.set_num_threads(settings.threads)
         await refresh()
+        gc.freeze()  # what startup built (imports, the first model) is never scanned again: shorter GC pauses
         task = asyncio.create_task(poll())
         yield
         task.cancel()
@@ -156,7 +175,7 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> FastA
     def healthz() -> dict[str, Any]:
         return {"status": "ok", "model_loaded": holder.current is not None}
 
-    @app.get("/model")
+    @app.get("/model", dependencies=[Depends(authorized)])
     def model_info(h: ModelHolder = Depends(get_holder)) -> Response:
         if h.current is None:
             return JSONResponse({"detail": "no model loaded yet", "last_error": h.last_error}, status_code=503)
@@ -178,7 +197,7 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> FastA
             }
         )
 
-    @app.post("/predict")
+    @app.post("/predict", dependencies=[Depends(authorized)])
     async def predict(request: Request, h: ModelHolder = Depends(get_holder)) -> Response:
         body = await request.body()
         try:

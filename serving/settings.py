@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from adstream.checks import at_least, check_fields
 from serving.errors import ServingError
@@ -17,6 +17,9 @@ class ServingSettings:
     cache_dir: str = ".state/serving"  # where downloaded snapshots are kept
     max_events: int = at_least(1, 10_000)  # most events accepted in one request
     threads: int = at_least(1, 1)  # torch threads per request (1 keeps latency steady under concurrency)
+    # if set, /predict and /model need "Authorization: Bearer <token>" (/healthz and /metrics stay
+    # open); or set ADSTREAM_SERVING_TOKEN. Never logged, never in a repr.
+    token: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         check_fields(self, "serving", ServingError)

@@ -16,7 +16,7 @@ import faust
 from prometheus_client import Counter, start_http_server
 
 from stream.batch_codec import encode_batch
-from stream.featurize import featurize_records
+from stream.featurize import featurize_isolating
 from stream.records import RawRecord
 from stream.schema import load_schema
 from stream.settings import KafkaSettings, StreamSettings
@@ -58,14 +58,8 @@ def build_app(kafka: KafkaSettings, settings: StreamSettings) -> faust.App:
             settings.take_records, within=settings.batch_within_s
         ):
             records = [RawRecord(e.message.partition, e.message.offset, e.value or b"") for e in events]
-            try:
-                batch, rejected = featurize_records(records, schema)
-                encoded = [(part, encode_batch(part)) for part in batch.split(settings.batch_events)]
-            except Exception:  # a bug, not bad input: keep the records, never lose them silently
-                log.exception("featurize failed; sending %d records to the DLQ", len(records))
-                for r in records:
-                    await dlq_topic.send(value=r.value, headers={"reason": b"featurizer crashed", "stage": b"stream"})
-                continue
+            batch, rejected = featurize_isolating(records, schema)  # a crash costs only its own record
+            encoded = [(part, encode_batch(part)) for part in batch.split(settings.batch_events)]
             for bad in rejected:
                 source = f"{bad.partition}:{bad.offset}".encode()
                 headers = {"reason": bad.reason.encode(), "stage": b"stream", "source": source}

@@ -17,12 +17,15 @@ Every path (Event objects from JSON, Arrow bundles) ends in `features_from_colum
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Sequence
 
 import numpy as np
 
 from stream.records import Event, FeatureBatch, RawRecord, Rejected
 from stream.schema import Schema
+
+log = logging.getLogger("adstream.stream")
 
 FIELD_SHIFT = 33
 MISSING = 1 << 32
@@ -202,3 +205,33 @@ def featurize_records(records: Sequence[RawRecord], schema: Schema) -> tuple[Fea
     if not parts:
         return FeatureBatch.empty(schema.num_dense, schema.num_sparse, schema.hash, len(schema.list_fields)), rejected
     return FeatureBatch.concat(parts), rejected
+
+
+def featurize_isolating(records: Sequence[RawRecord], schema: Schema) -> tuple[FeatureBatch, list[Rejected]]:
+    """featurize_records, but a record that makes it fail (a bug its checks missed, not bad input
+    they know) costs only itself: the records are then featurized one by one and the culprit is
+    rejected with the error's name, so the good events beside it still reach a batch."""
+    try:
+        return featurize_records(records, schema)
+    except Exception:
+        log.exception("featurize failed on %d records; isolating the record that fails", len(records))
+    parts, rejected = [], []
+    for record in records:
+        try:
+            batch, bad = featurize_records([record], schema)
+        except Exception as exc:
+            bad, batch = (
+                [
+                    Rejected(
+                        record.partition,
+                        record.offset,
+                        record.value,
+                        f"record: featurizer crashed ({type(exc).__name__})",
+                    )
+                ],
+                None,
+            )
+        rejected += bad
+        if batch is not None and len(batch):
+            parts.append(batch)
+    return (FeatureBatch.concat(parts) if parts else featurize_records([], schema)[0]), rejected

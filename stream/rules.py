@@ -22,7 +22,7 @@ HEX32_RE = re.compile(HEX32)
 # the rules' texts: the reason is f"{field}: {rule}"
 MISSING_FIELD = "missing field"
 EVENT_ID = "must be a non-empty string or an integer"
-TIMESTAMP = "must be a non-negative integer (ms)"
+TIMESTAMP = "must be a non-negative integer (ms) below 2^62"
 LABEL_MISSING = "missing; a training event needs a 0/1 label"
 LABEL = "must be 0 or 1"
 INTEGER = "must be an integer or null"
@@ -47,7 +47,7 @@ def check_event_id(value: object) -> str | None:
 
 
 def check_timestamp(value: object) -> str | None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < INT_BOUND
     return None if ok else TIMESTAMP
 
 
@@ -97,7 +97,7 @@ def check_list(value: object, hex32: bool) -> str | None:
 
 # --- whole columns (Arrow bundles): a bool mask (n,) of the values breaking the rule ----------
 def bad_timestamps(ts: np.ndarray, null: np.ndarray) -> np.ndarray:
-    return null | (ts < 0)
+    return null | (ts < 0) | (ts >= INT_BOUND)
 
 
 def bad_labels(labels: np.ndarray) -> np.ndarray:

@@ -119,3 +119,39 @@ def test_concat_of_the_split_is_the_batch_and_empty_has_the_widths(schema):
     assert len(FeatureBatch.concat([empty, batch])) == 7
     with pytest.raises(StreamError, match="schemas"):
         FeatureBatch.concat([batch, FeatureBatch.empty(1, 1, "other")])
+
+
+def test_a_record_that_crashes_featurize_costs_only_itself(schema, monkeypatch):
+    """A bug a check missed (injected here) rejects the one record it hits; its neighbours still
+    reach the batch."""
+    import orjson
+
+    import stream.featurize as featurize_module
+    from stream.featurize import featurize_isolating
+    from stream.records import RawRecord
+    from tests.helpers import criteo_event
+
+    real = featurize_module.featurize
+
+    def fragile(events, schema, *args, **kwargs):
+        if any(e.event_id == "e3" for e in events):
+            raise OverflowError("a value no rule caught")
+        return real(events, schema, *args, **kwargs)
+
+    monkeypatch.setattr(featurize_module, "featurize", fragile)
+    records = [RawRecord(0, i, orjson.dumps(criteo_event(i))) for i in range(6)]
+    batch, rejected = featurize_isolating(records, schema)
+    assert list(batch.event_ids) == ["e0", "e1", "e2", "e4", "e5"]
+    assert [(r.offset, r.reason) for r in rejected] == [(3, "record: featurizer crashed (OverflowError)")]
+
+
+def test_a_timestamp_past_the_int64_range_is_a_reason_not_a_crash(schema):
+    import orjson
+
+    from stream.featurize import featurize_records
+    from stream.records import RawRecord
+    from tests.helpers import criteo_event
+
+    value = orjson.dumps(criteo_event(0)).replace(b'"ts":1700000000000', b'"ts":' + str(2**63).encode())
+    batch, rejected = featurize_records([RawRecord(0, 0, value)], schema)
+    assert len(batch) == 0 and rejected[0].reason == "ts: must be a non-negative integer (ms) below 2^62"

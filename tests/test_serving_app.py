@@ -1,5 +1,7 @@
 """The HTTP layer over a real snapshot on disk (the registry path is covered by the integration tests)."""
 
+import json
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -132,3 +134,66 @@ def test_a_broken_publication_is_refused_and_the_last_model_keeps_serving(schema
     assert info["model_version"] == "1" and "unreadable" in info["last_error"]
     assert info["kind"] == "recovery" and info["newest_event_ms"] == criteo_event(99)["ts"]  # 2 x 50 events learned
     assert refused() > before
+
+
+def test_a_token_guards_predict_and_model_and_is_never_shown(schema, snapshots, caplog):
+    settings = replace(ServingSettings(), poll_s=0.05, token="s3cret-token")
+    assert "s3cret" not in repr(settings)
+    queue = [snapshots[0]]
+    with TestClient(create_app(settings, schema, lambda current: queue.pop(0) if queue else None)) as client:
+        assert client.post("/predict", json=unlabelled(0)).status_code == 401
+        wrong = client.post("/predict", json=unlabelled(0), headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401 and "bearer token" in wrong.json()["detail"]
+        assert client.get("/model").status_code == 401
+        auth = {"Authorization": "Bearer s3cret-token"}
+        assert client.post("/predict", json=unlabelled(0), headers=auth).status_code == 200
+        assert client.get("/model", headers=auth).status_code == 200
+        assert client.get("/healthz").status_code == 200 and client.get("/metrics").status_code == 200
+    assert "s3cret" not in caplog.text
+
+
+def test_a_thousand_fuzzed_requests_get_4xx_naming_the_field_never_5xx(schema, snapshots):
+    """Wrong types, missing fields, huge values, garbage bytes, odd shapes: every answer is 200 or
+    a 4xx; a 422 for a bad field of an event names that field; the server answers well after."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    fields = [schema.event_id, *schema.integer_fields, *schema.categorical_fields]
+    junk = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(min_value=-(2**80), max_value=2**80),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.text(max_size=40),
+        st.lists(st.integers(), max_size=3),
+        st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
+    )
+    mutated = st.tuples(st.sampled_from(fields), junk, st.booleans())
+    raw = st.one_of(st.binary(max_size=200), st.just(b"[]"), st.just(b"{}"), st.just(b"null"), st.just(b'"x"'))
+    statuses: list[int] = []
+    with make_client(schema, [snapshots[0]]) as client:
+
+        @settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @given(st.one_of(mutated, raw), st.integers(0, 50))
+        def check(case, i):
+            if isinstance(case, bytes):
+                response = client.post("/predict", content=case, headers={"Content-Type": "application/json"})
+                assert 400 <= response.status_code < 500 or response.status_code == 200, response.text
+                statuses.append(response.status_code)
+                return
+            field, value, drop = case
+            event = unlabelled(i)
+            if drop:
+                del event[field]
+            else:
+                event[field] = value
+            response = client.post("/predict", content=json.dumps(event))  # huge ints, NaN: not orjson's
+            statuses.append(response.status_code)
+            assert response.status_code in (200, 422), response.text
+            if response.status_code == 422:  # NaN / Infinity make the body itself invalid JSON
+                not_json = isinstance(value, float) and not math.isfinite(value) and not drop
+                assert response.json()["detail"][0]["loc"] == (["body"] if not_json else ["body", field])
+
+        check()
+        assert client.post("/predict", json=unlabelled(3)).status_code == 200  # still serving
+    assert len(statuses) >= 1000 and max(statuses) < 500 and statuses.count(422) > 500

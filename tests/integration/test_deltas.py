@@ -1,6 +1,7 @@
 """Deltas through the real MLflow server: the trainer's Publisher uploads a base and its deltas,
 serving's registry fetch follows them in order and serves the trainer's predictions; a gap is
-refused, counted once, and the last good model keeps serving until the next base."""
+refused, counted once, and the last good model keeps serving until the next base; a delta whose
+upload is unfinished is invisible."""
 
 from __future__ import annotations
 
@@ -44,13 +45,25 @@ def test_serving_follows_base_and_deltas_and_refuses_a_gap(isolated: Config, tmp
     late = fetch(None)  # a server starting now: the base, then every delta
     assert late is not None and late.sequence == 2
 
-    # a gap: delta 4 uploaded where 3 never was (the publisher refuses to, so go around it)
+    # a delta still being uploaded (a trainer killed mid-upload leaves the same): its data is there,
+    # its manifest (sent last) is not. It is invisible: no error, the model stays
+    learn_more(trainer, schema, 300, 1)
+    torn, changed = publish_delta(trainer, tmp_path, publisher.base_step, 3)
+    target = f"{publisher.base_path}/deltas/{3:09d}"
+    for name in ("dense.safetensors", "embeddings.safetensors"):
+        publisher.client.log_artifact(publisher.run_id, str(torn / name), target)
+    assert fetch(served) is None
+    publisher.publish_delta(torn, 3, trainer.step, len(changed))  # now whole
+    served = fetch(served)
+    assert served is not None and served.sequence == 3
+
+    # a gap: delta 5 uploaded where 4 never was (the publisher refuses to, so go around it)
     with pytest.raises(TrainerError, match="not the next one"):
-        publisher.publish_delta(delta, 4, trainer.step, 0)
+        publisher.publish_delta(delta, 5, trainer.step, 0)
     learn_more(trainer, schema, 350, 1)
-    gap, _ = publish_delta(trainer, tmp_path, publisher.base_step, 4)
-    publisher.sequence = 3
-    publisher.publish_delta(gap, 4, trainer.step, 0)
+    gap, _ = publish_delta(trainer, tmp_path, publisher.base_step, 5)
+    publisher.sequence = 4
+    publisher.publish_delta(gap, 5, trainer.step, 0)
     with pytest.raises(Exception, match="gap"):
         fetch(served)
     assert fetch(served) is None  # refused once, not downloaded again: the model stays
