@@ -23,8 +23,10 @@ import gc
 import hmac
 import logging
 import os
+import shutil
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -78,6 +80,16 @@ def registry_fetch(tracking_uri: str, model_name: str, settings: ServingSettings
     until the alias moves to the next base."""
     refused: set[str] = set()  # versions that failed to load
     stuck: set[str] = set()  # versions whose next delta was refused (a gap or a broken delta)
+    loaded: list[ServedModel] = []  # the bases loaded, newest last: older ones are dropped from disk
+
+    def forget_old() -> None:
+        """Keep the newest two versions on disk (requests may still run on the previous one)."""
+        while len(loaded) > 2:
+            old = loaded.pop(0)
+            close = getattr(old.table.tier, "close", None)
+            if close is not None:
+                close()
+            shutil.rmtree(Path(settings.cache_dir) / model_name / old.version, ignore_errors=True)
 
     def fetch(current: ServedModel | None) -> ServedModel | None:
         ref = resolve(tracking_uri, model_name, settings.alias)
@@ -85,10 +97,14 @@ def registry_fetch(tracking_uri: str, model_name: str, settings: ServingSettings
             return None
         if current is None or ref.version != current.version:
             try:
-                current = load_served_model(download(tracking_uri, ref, settings.cache_dir), ref.version, schema)
+                base_dir = download(tracking_uri, ref, settings.cache_dir)
+                rocksdb = base_dir / "rocksdb" if settings.store == "rocksdb" else None
+                current = load_served_model(base_dir, ref.version, schema, rocksdb, settings.disk_bytes)
             except Exception:
                 refused.add(ref.version)
                 raise
+            loaded.append(current)
+            forget_old()
             fresh = current
         elif ref.version in stuck:
             return None

@@ -13,6 +13,7 @@ read and checked whole before any row lands, so a refused delta changes nothing.
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,11 +22,15 @@ import numpy as np
 from serving.errors import ServingError
 from store.errors import StoreError
 from store.frozen import FrozenTier
+from store.rocks import RocksTier
 from store.table import EmbeddingTable, TableConfig
+from store.tier import Tier
 from stream.featurize import shared_ids
 from stream.schema import Schema
 from trainer.model import CtrModel
 from trainer.snapshot import Manifest, load_model, read_embeddings, read_manifest
+
+LOAD_CHUNK = 100_000  # rows per RocksDB write batch when a base is loaded
 
 
 @dataclass(frozen=True, eq=False)
@@ -41,7 +46,12 @@ class ServedModel:
         return self.manifest.sequence
 
 
-def load_served_model(path: str | Path, version: str, schema: Schema) -> ServedModel:
+def load_served_model(
+    path: str | Path, version: str, schema: Schema, rocksdb: str | Path | None = None, disk_bytes: int = 64 << 30
+) -> ServedModel:
+    """A base publication -> ServedModel. Its rows go to a FrozenTier in RAM, or with `rocksdb` (a
+    folder) to a RocksDB of its own there, for tables larger than serving's RAM (a disk read per
+    id not in RocksDB's block cache; the same rows, the same answers)."""
     manifest = read_manifest(path)
     if manifest.schema_hash != schema.hash:
         raise ServingError(
@@ -49,8 +59,16 @@ def load_served_model(path: str | Path, version: str, schema: Schema) -> ServedM
             f"differs from the served schema's {schema.hash} ({schema.name}); serve with the schema it was trained on"
         )
     emb = read_embeddings(path)
+    ids = emb["ids"].numpy().astype(np.int64)
+    tier: Tier
     try:
-        tier = FrozenTier(emb["ids"].numpy().astype(np.int64), emb["vectors"], where=f"snapshot {path}")
+        if rocksdb is None:
+            tier = FrozenTier(ids, emb["vectors"], where=f"snapshot {path}")
+        else:
+            shutil.rmtree(rocksdb, ignore_errors=True)
+            tier = RocksTier(rocksdb, emb["vectors"].shape[1], disk_bytes, wal=False)
+            for start in range(0, len(ids), LOAD_CHUNK):
+                tier.write_new(ids[start : start + LOAD_CHUNK], emb["vectors"][start : start + LOAD_CHUNK])
     except StoreError as exc:
         raise ServingError(str(exc)) from exc
     config = TableConfig.from_dict(manifest.table)
@@ -77,11 +95,12 @@ def apply_delta(served: ServedModel, path: str | Path) -> ServedModel:
         )
     emb = read_embeddings(path)
     model = load_model(path, manifest)  # both read before any row lands
-    tier = served.table.tier
-    if not isinstance(tier, FrozenTier):
-        raise ServingError(f"{where}: the served table's tier ({type(tier).__name__}) takes no deltas")
+    tier, ids = served.table.tier, emb["ids"].numpy().astype(np.int64)
     try:
-        tier.apply(emb["ids"].numpy().astype(np.int64), emb["vectors"])
+        if isinstance(tier, FrozenTier):
+            tier.apply(ids, emb["vectors"])
+        else:  # RocksDB: one write batch, atomic
+            tier.write(ids, emb["vectors"])
     except StoreError as exc:
         raise ServingError(str(exc)) from exc
     return ServedModel(served.version, manifest, model, served.table)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from adstream.checks import at_least, check_fields
+from adstream.checks import at_least, check_fields, one_of
 from serving.errors import ServingError
 
 
@@ -15,6 +15,8 @@ class ServingSettings:
     alias: str = "live"  # registry alias to serve; "latest" means the highest version number
     poll_s: float = at_least(0.01, 1.0)  # how often to look for a newer version or delta (2 registry calls)
     cache_dir: str = ".state/serving"  # where downloaded snapshots are kept
+    store: str = one_of(("ram", "rocksdb"), "ram")  # served rows: "ram" (sorted arrays) or "rocksdb" (tables > RAM)
+    disk_bytes: int = at_least(1, 64 << 30)  # budget of a served version's RocksDB (store = "rocksdb"), bytes
     max_events: int = at_least(1, 10_000)  # most events accepted in one request
     threads: int = at_least(1, 1)  # torch threads per request (1 keeps latency steady under concurrency)
     # if set, /predict and /model need "Authorization: Bearer <token>" (/healthz and /metrics stay

@@ -48,12 +48,15 @@ def trainer_predictions(trainer, schema):
     return predict(trainer.model, trainer.table, batch_from_features([featurize(events, schema)]))
 
 
-def test_base_plus_deltas_serve_the_trainers_predictions(schema, tmp_path):
+@pytest.mark.parametrize("store", ["ram", "rocksdb"])
+def test_base_plus_deltas_serve_the_trainers_predictions(schema, tmp_path, store):
+    """In RAM (sorted arrays + overlay) or in RocksDB (tables larger than serving's RAM), alike."""
     trainer = trained_trainer(schema, 4)
     base = publish_base(trainer, tmp_path)
     base_step = read_manifest(base).base_step
     assert base_step == trainer.step and read_manifest(base).sequence == 0
-    served = load_served_model(base, "1", schema)
+    served = load_served_model(base, "1", schema, rocksdb=tmp_path / "rocks" if store == "rocksdb" else None)
+    assert type(served.table.tier).__name__ == {"ram": "FrozenTier", "rocksdb": "RocksTier"}[store]
     for sequence, first in ((1, 200), (2, 400)):  # new events: old rows change and new ids arrive
         learn_more(trainer, schema, first, 2)
         delta, changed = publish_delta(trainer, tmp_path, base_step, sequence)

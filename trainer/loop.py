@@ -2,15 +2,17 @@
 
 Replicas of a group move in rounds. Each round every replica takes at most one batch from its
 partitions, then all of them add up a small control vector (who has a batch, events, who is
-idle, whether rank 0's clocks say a merge or snapshot is due), so every decision (learn, merge,
-snapshot, log, stop) is taken by all replicas at the same round and collectives never deadlock.
+idle, whether rank 0's clocks say a merge, a snapshot or a delta is due), so every decision
+(learn, merge, snapshot, publish a delta, log, stop) is taken by all replicas at the same round
+and collectives never deadlock.
 Those decisions are one pure function, schedule.decide, which `bench merge` follows too.
 A lone trainer runs the same loop with a group of one.
 
 Recovery: on start the newest complete snapshot is restored (model, Adam state, rows, offsets)
 and each replica seeks its partitions to the snapshot's offsets; offsets are committed to Kafka
 only after the snapshot holding them is durable. Snapshots are taken right after a merge, when
-every replica holds the same model, so rank 0 writes the one copy.
+every replica holds the same model, so rank 0 writes the one copy. Each snapshot is also a base
+publication for serving; between them rank 0 sends deltas (trainer/publish.py).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,15 +34,16 @@ from stream.schema import Schema
 from stream.settings import KafkaSettings
 from trainer.group import Control, join_group, leave_group
 from trainer.metrics import merged_summary
+from trainer.publish import send_delta, take_snapshot
 from trainer.replica import Trainer, store_path
 from trainer.schedule import LoopState, Round, Schedule, decide
 from trainer.settings import MlflowSettings, TrainerSettings
-from trainer.snapshot import folder_bytes, latest_snapshot
+from trainer.snapshot import latest_snapshot
 
 if TYPE_CHECKING:
     from trainer.batch import Batch
     from trainer.publish import Publisher
-    from trainer.source import BatchSource, LearnLog
+    from trainer.source import LearnLog
 
 log = logging.getLogger("adstream.trainer")
 AUC = Gauge("adstream_trainer_progressive_auc", "cumulative progressive AUC over every replica")
@@ -155,10 +158,10 @@ def _run(
                 if act.sync:
                     last_merge_t = time.monotonic()
                 if act.snapshot:
-                    snapshot_path, version = _snapshot(trainer, control, publisher, source, settings, state.events)
+                    snapshot_path, version = take_snapshot(trainer, control, publisher, source, settings, state.events)
                     last_snapshot_t = last_publish_t = time.monotonic()
                 if act.publish:
-                    _publish_delta(trainer, control, publisher, settings, state.events)
+                    send_delta(trainer, control, publisher, settings, state.events)
                     last_publish_t = time.monotonic()
                 if act.report:
                     merged = _report(trainer, control, publisher)
@@ -245,67 +248,6 @@ def _merge(trainer: Trainer) -> None:
     stats = trainer.merge()
     if stats.rows or stats.dense_bytes:
         log.info("merge at step %d: %d rows, %d bytes, %.3fs", trainer.step, stats.rows, stats.bytes, stats.seconds)
-
-
-def _snapshot(
-    trainer: Trainer,
-    control: Control,
-    publisher: Publisher | None,
-    source: BatchSource,
-    settings: TrainerSettings,
-    events: int,
-) -> tuple[Path | None, str | None]:
-    """Rank 0 writes the recovery snapshot (kept on disk) and the serving publication (vectors only,
-    uploaded and registered); the replicas hold the same model right after a merge. Every replica
-    then commits its offsets. Returns (recovery snapshot path, registry version) on rank 0."""
-    offsets: dict[int, int] = {}
-    for part in control.gather(trainer.offsets):  # replicas read disjoint partitions
-        offsets.update(part)
-    trainer.newest_event_ms = max(control.gather(trainer.newest_event_ms))  # the group's freshest event
-    trainer.table.take_changed()  # a base holds every row: deltas start again from here
-    path = version = None
-    if publisher is not None:
-        extra = {
-            "mlflow_run_id": publisher.run_id,
-            "workers": control.world,
-            "merge_every_steps": settings.group.merge_every_steps,
-        }
-        manifest = trainer.manifest(offsets, extra, events)  # one manifest for both artifacts
-        path = trainer.save(settings.snapshot.dir, manifest=manifest)
-        publication = trainer.publish_to(Path(settings.snapshot.dir) / "publications", manifest)
-        version = publisher.publish(publication, trainer.step, recovery_bytes=folder_bytes(path))
-        shutil.rmtree(publication, ignore_errors=True)  # uploaded; the recovery snapshot stays
-    control.barrier()  # the snapshot is durable before any replica commits its offsets
-    source.commit(offsets)
-    return path, version
-
-
-def _publish_delta(
-    trainer: Trainer, control: Control, publisher: Publisher | None, settings: TrainerSettings, events: int
-) -> None:
-    """Rank 0 sends serving the rows changed since the last publication and the dense weights, as
-    the next delta of the current base (replicas hold the same model right after the merge). A
-    failed upload is logged, not fatal: the next publication is then a base."""
-    changed = trainer.table.take_changed()  # every replica: what changed since the last publication
-    trainer.newest_event_ms = max(control.gather(trainer.newest_event_ms))
-    if publisher is None or publisher.base_path is None:
-        return
-    extra = {"mlflow_run_id": publisher.run_id, "workers": control.world}
-    manifest = replace(
-        trainer.manifest(extra=extra, events=events), base_step=publisher.base_step, sequence=publisher.sequence + 1
-    )
-    folder = trainer.publish_delta_to(Path(settings.snapshot.dir) / "deltas", manifest, changed)
-    try:
-        publisher.publish_delta(folder, manifest.sequence, trainer.step, len(changed))
-    except Exception as exc:  # MLflow unreachable for a moment: the next publication is a base
-        log.error(
-            "delta %d of base step %d not published (%s); the next publication is a base",
-            manifest.sequence,
-            manifest.base_step,
-            exc,
-        )
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _report(trainer: Trainer, control: Control, publisher: Publisher | None) -> dict[str, float]:
