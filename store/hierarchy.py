@@ -204,7 +204,7 @@ class TieredStore:
         self.counters["ram_evictions"] += len(victims)
 
     def expire(self) -> int:
-        """Drop rows unseen for ttl_steps from the device and RAM tiers (RocksDB at checkpoints)."""
+        """Drop rows unseen for ttl_steps from the device and RAM tiers (RocksDB: expire_cold)."""
         horizon = self.step - self.config.ttl_steps
         dropped = 0
         for tier in (self.device, self.ram):
@@ -217,15 +217,18 @@ class TieredStore:
         self.counters["expired"] += dropped
         return dropped
 
-    def _expire_cold(self) -> None:
+    def expire_cold(self) -> int:
+        """Drop rows unseen for ttl_steps that only RocksDB holds (a scan of RocksDB: the trainer
+        runs it at each snapshot, the hierarchy at each checkpoint). Returns how many."""
         if not self.config.ttl_steps:
-            return
+            return 0
         ids = self.rocks.all_ids()
         _, _, last_seen, _ = self.rocks.read_with_meta(ids)
         old = ids[last_seen < self.step - self.config.ttl_steps]
         old = old[~(self.device.contains(old) | self.ram.contains(old))]
         self.rocks.remove(old)
         self.counters["expired"] += len(old)
+        return len(old)
 
     # --- persistence ------------------------------------------------------------------
     def flush(self) -> None:
@@ -250,7 +253,7 @@ class TieredStore:
     def checkpoint(self, path: str | Path, extra: dict[str, object] | None = None) -> Path:
         """Flush, then a consistent RocksDB checkpoint + manifest at `path`. The folder appears
         complete or not at all (built under a temporary name, then renamed)."""
-        self._expire_cold()
+        self.expire_cold()
         self.flush()
         path = Path(path)
         tmp = path.with_name(path.name + ".partial")

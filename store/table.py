@@ -264,6 +264,12 @@ class EmbeddingTable:
             rows[torch.from_numpy(fresh)] = self.fresh_rows(ids[fresh])
         self.put(ids, sparse_step(rows, grad.cpu(), step, self.config.optim).detach(), step)
 
+    def expire_cold(self) -> int:
+        """Let the tier drop rows past their TTL that it keeps cold (the tiered store's RocksDB);
+        a tier without a TTL has nothing to do. Returns how many rows went."""
+        sweep = getattr(self.tier, "expire_cold", None)
+        return int(sweep()) if sweep is not None else 0
+
     def export(self) -> tuple[np.ndarray, torch.Tensor]:
         """Every row: ids int64 (n,) sorted, rows float32 (n, 3*dim)."""
         ids = np.sort(self.tier.all_ids())

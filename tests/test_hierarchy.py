@@ -70,6 +70,20 @@ def test_ttl_drops_rows_from_every_tier(tmp_path):
     assert all(i >= 100 + 12 - 4 for i in store.rocks.all_ids().tolist())
 
 
+def test_the_sweep_each_snapshot_runs_drops_expired_rows_from_rocksdb(tmp_path):
+    """TTL in the product path: rows evicted to RocksDB and then unseen for ttl_steps are gone
+    after the trainer's next snapshot (not only after a hierarchy checkpoint no product calls)."""
+    store = tiny_hierarchy(tmp_path / "h", device_rows=2, ram_rows=2, ttl_steps=3)
+    table = EmbeddingTable(store, TableConfig(dim=2, optim=SparseOptimConfig("adam")))
+    store.write(np.array([7, 8, 9, 10, 11, 12], dtype=np.int64), torch.ones(6, 6), step=1)  # 7-10 evicted cold
+    for step in range(2, 9):
+        store.write(np.array([100 + step], dtype=np.int64), torch.ones(1, 6), step=step)
+    assert 7 in store.rocks.all_ids().tolist()  # cold and expired, but still on disk
+    assert table.expire_cold() >= 4
+    assert not {7, 8, 9, 10} & set(store.rocks.all_ids().tolist())
+    assert table.expire_cold() == 0 and EmbeddingTable(RamTier(6, 1 << 20), table.config).expire_cold() == 0
+
+
 def test_a_write_larger_than_the_device_tier_goes_through_in_chunks(tmp_path):
     """A replica merge writes back every row touched since the last merge: more than the device holds."""
     store = tiny_hierarchy(tmp_path / "h", device_rows=4, ram_rows=4)

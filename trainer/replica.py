@@ -260,6 +260,7 @@ class Trainer:
         """Write a snapshot under root/step-NNNNNNNNN (see snapshot.py); offsets and events default
         to this replica's (a group passes every replica's offsets and the job's total events), or
         the whole manifest is given."""
+        self.table.expire_cold()  # rows past their TTL leave RocksDB too, not only the cached tiers
         return save_snapshot(
             Path(root) / snapshot_name(self.step),
             manifest or self.manifest(offsets, extra, events),
