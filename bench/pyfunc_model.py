@@ -4,6 +4,7 @@ functions adstream's server uses, so the two differ only in the serving layer.""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import mlflow
@@ -24,9 +25,21 @@ class PublicationModel(PythonModel):
         from serving.predict import predict_events
         from stream.decode import event_from_mapping
 
-        rows = model_input.to_dict("records")
+        rows = [self._native(row) for row in model_input.to_dict("records")]
         events = [event_from_mapping(row, self.schema, require_label=False) for row in rows]
         return [float(c) for c in predict_events(self.served, events, self.schema)]
+
+    def _native(self, row: dict[str, Any]) -> dict[str, Any]:
+        """Undo what a DataFrame did to JSON values: a missing integer became NaN and its column
+        float; both back to what the event had (None, int)."""
+        out = {}
+        for name, value in row.items():
+            if isinstance(value, float) and math.isnan(value):
+                value = None
+            elif isinstance(value, float) and name in self.schema.integer_fields and value.is_integer():
+                value = int(value)
+            out[name] = value
+        return out
 
 
 mlflow.models.set_model(PublicationModel())

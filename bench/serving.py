@@ -251,6 +251,25 @@ def _mlflow_baseline(publication: Path, schema_path: str, mlflow: MlflowSettings
     return proc, url
 
 
+def _agreement(base_url: str, publication: Path, schema: Schema, events: list[dict[str, Any]]) -> float:
+    """Largest |CTR difference| between the baseline's answers and adstream's own prediction from
+    the publication the baseline serves, on 64 events: the two serve the same model (~1e-7)."""
+    import httpx
+
+    from serving.loader import load_served_model
+    from serving.predict import predict_events
+    from stream.decode import event_from_mapping
+
+    response = httpx.post(
+        f"{base_url}/invocations", content=_bodies(schema, events, 64, True)[0], headers=JSON, timeout=30
+    )
+    response.raise_for_status()
+    theirs = np.array(response.json()["predictions"], dtype=np.float64)
+    decoded = [event_from_mapping(e, schema, require_label=False) for e in events[:64]]
+    ours = predict_events(load_served_model(publication, "1", schema), decoded, schema)
+    return float(np.abs(theirs - ours).max())
+
+
 def _stamped_records(schema: Schema, events: int, stamps: list[int], every: int) -> Iterator[ReplayRecord]:
     """Synthetic events, one JSON record each, their time set to the moment they are made; every
     `every`-th event's time is kept in `stamps`."""
@@ -447,6 +466,7 @@ def run_serving_bench(
         result["hot_swaps"]["versions_served"] = list(load.versions)
         say("bench serving: the mlflow pyfunc baseline")
         baseline, base_url = _mlflow_baseline(first, schema_path, mlflow, log_dir)
+        result["baseline_max_abs_diff"] = _agreement(base_url, first, schema, requests)  # the same model?
         for per_request, at in ((1, rate), (64, rate / 10)):
             bodies = _bodies(schema, requests, per_request, mlflow_format=True)
             open_loop(f"{base_url}/invocations", bodies, at, 2.0)

@@ -1,0 +1,141 @@
+"""Faults on the real broker, MLflow and processes: the broker SIGKILLed and restarted in the
+middle of a replay (the replay finishes by itself and every event is on the topic exactly once:
+the idempotent producer retries what was in flight and the broker drops the duplicates); the
+publishing trainer SIGKILLed in the middle of a delta (serving never sees a torn one)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from adstream import stack as local_stack
+from adstream.processes import pid_alive, port_open
+from stream.replay import replay, synthetic_records
+from stream.schema import load_schema
+from stream.synthetic import SyntheticCriteo
+from stream.topics import ensure_topics
+from tests.integration.helpers import drain
+
+pytestmark = pytest.mark.integration
+EVENTS = 60_000
+
+
+def test_replay_survives_a_broker_kill_with_every_event_once(isolated, tmp_path):
+    schema = load_schema()
+    kafka = isolated.kafka
+    ensure_topics(kafka)
+    events, _ = SyntheticCriteo(schema).generate(EVENTS)
+    done: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            done["summary"] = replay(synthetic_records(events, schema), kafka, rate=10_000, progress=False)
+        except Exception as exc:  # reported below
+            done["error"] = exc
+
+    producer = threading.Thread(target=run)
+    producer.start()
+    time.sleep(2.0)  # a part of the events is on the broker, the rest to come
+    state = Path(isolated.stack.state_dir)
+    pid = pid_alive(state / "kafka.pid")
+    assert pid, "the test broker is not running"
+    os.kill(pid, signal.SIGKILL)
+    try:  # the test session started the broker: reap it, or its zombie still looks alive to `up`
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+    deadline = time.monotonic() + 30
+    while port_open(isolated.stack.kafka_port) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)
+    local_stack.up(isolated.stack, kafka)  # the broker comes back on its own data
+    producer.join(240)
+    assert not producer.is_alive() and "error" not in done, done.get("error")
+    assert done["summary"].events == EVENTS  # type: ignore[attr-defined]
+
+    group = f"c-{uuid.uuid4().hex[:6]}"
+    ids = [m.key() for m in drain(kafka.bootstrap, kafka.events_topic, lambda m: len(m) >= EVENTS, 120, group)]
+    assert len(set(ids)) == EVENTS  # every event
+    assert topic_size(kafka) == EVENTS  # and nothing twice: the log holds exactly that many records
+
+
+def topic_size(kafka) -> int:
+    """Records in the events topic: the sum of its partitions' high watermarks."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": f"size-{uuid.uuid4().hex[:6]}"})
+    try:
+        return sum(
+            consumer.get_watermark_offsets(TopicPartition(kafka.events_topic, p), timeout=30)[1]
+            for p in range(kafka.partitions)
+        )
+    finally:
+        consumer.close()
+
+
+def test_a_trainer_killed_while_publishing_a_delta_never_shows_serving_a_torn_one(isolated, tmp_path):
+    """SIGKILL the publishing replica while a delta is on its way to MLflow (its local folder
+    exists from the moment it is written until the upload is done). Serving, polling all along,
+    never fails on a delta and sees each version's deltas strictly in order; the group restarts
+    and serving ends on its final base."""
+    import re
+
+    from adstream.checks import with_changes
+    from serving.app import registry_fetch
+    from tests.integration.helpers import start_cli
+    from tests.integration.test_recovery import job_config, produce_batches
+
+    produce_batches(isolated)
+    (tmp_path / "deltas").mkdir()
+    config = job_config(isolated, tmp_path, "deltas")
+    config = replace(
+        config, trainer=with_changes(config.trainer, {"snapshot.publish_every_s": 0.01, "snapshot.every_steps": 40})
+    )
+    schema = load_schema(config.stream.schema)
+    fetch = registry_fetch(config.mlflow.tracking_uri, config.mlflow.model_name, config.serving, schema)
+    seen: list[tuple[str, int]] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        current = None
+        while not stop.is_set():
+            try:
+                newer = fetch(current)
+            except BaseException as exc:  # noqa: BLE001 (the test reports it)
+                errors.append(exc)
+                return
+            if newer is not None:
+                current = newer
+                seen.append((current.version, current.sequence))
+            time.sleep(0.01)
+
+    server = threading.Thread(target=serve)
+    server.start()
+    proc, log = start_cli(config, tmp_path / "deltas", "train", "--idle-exit", "4")
+    try:
+        deltas = Path(config.trainer.snapshot.dir) / "deltas"
+        deadline = time.monotonic() + 120
+        while not (deltas.is_dir() and any(deltas.iterdir())) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        pids = re.search(r"replicas \[([\d, ]+)\]", log.read_text())
+        assert pids and deltas.is_dir(), log.read_text()[-2000:]
+        os.kill(int(pids.group(1).split(",")[0]), signal.SIGKILL)  # rank 0 publishes
+        assert proc.wait(timeout=240) == 0, log.read_text()[-3000:]
+        time.sleep(3 * config.serving.poll_s + 2)
+    finally:
+        stop.set()
+        server.join(60)
+    assert "restart 1" in log.read_text()
+    assert not errors, errors
+    for version in {v for v, _ in seen}:
+        sequences = [s for v, s in seen if v == version]
+        assert sequences == sorted(set(sequences)), (version, sequences)
+    assert any(s > 0 for _, s in seen)  # deltas were served
