@@ -6,7 +6,8 @@
 - feature ids sharded over GPUs by a hash of the id;
 - routes between GPUs: a direct NVLink, else a two-hop NVLink path through a third GPU, else
   the direct PCIe path (same switch, then same NUMA node, then across sockets);
-- the NIC closest to each GPU, for traffic leaving the machine.
+- a NIC for each GPU, for traffic leaving the machine: one of its closest, spread over the NICs
+  that are equally close (assign_nics).
 """
 
 from __future__ import annotations
@@ -50,13 +51,31 @@ class Plan:
         return max(len(self.placements), 1)
 
 
-def _nearest_nic(topology: Topology, gpu: int) -> str | None:
-    candidates = [
-        (topology.link(f"GPU{gpu}", nic).rank, i, nic)
-        for i, nic in enumerate(topology.nics)
-        if (f"GPU{gpu}", nic) in topology.links
-    ]
-    return min(candidates)[2] if candidates else None
+def assign_nics(topology: Topology) -> dict[int, str | None]:
+    """GPU index -> its NIC: one of the nearest NICs (best link rank), spread so that GPUs sharing
+    a switch with several NICs get one each. Ties go to the NIC with the fewest GPUs, then to the
+    one whose PIX siblings (ports or cards behind the same switch) carry the fewest, then to the
+    first listed. (Nearest alone gave both GPUs of a DGX A100 pair the same NIC while its twin idled.)"""
+    load = {nic: 0 for nic in topology.nics}
+
+    def siblings_load(nic: str) -> int:
+        pix = [
+            o for o in topology.nics if o != nic and (nic, o) in topology.links and topology.link(nic, o).kind == "PIX"
+        ]
+        return sum(load[o] for o in pix)
+
+    out: dict[int, str | None] = {}
+    for gpu in sorted(g.index for g in topology.gpus):
+        reachable = [nic for nic in topology.nics if (f"GPU{gpu}", nic) in topology.links]
+        if not reachable:
+            out[gpu] = None
+            continue
+        best = min(topology.link(f"GPU{gpu}", nic).rank for nic in reachable)
+        nearest = [nic for nic in reachable if topology.link(f"GPU{gpu}", nic).rank == best]
+        choice = min(nearest, key=lambda nic: (load[nic], siblings_load(nic), topology.nics.index(nic)))
+        load[choice] += 1
+        out[gpu] = choice
+    return out
 
 
 def _route(topology: Topology, src: int, dst: int) -> Route:
@@ -112,6 +131,7 @@ def make_plan(
         for b in topology.gpus
         if a.index != b.index
     }
+    nics = assign_nics(topology)
     placements = []
     for shard, gpu in enumerate(sorted(topology.gpus, key=lambda g: g.index)):
         peers = sorted(
@@ -126,7 +146,7 @@ def make_plan(
                 gpu.cpus,
                 f"{path}/gpu{gpu.index}",
                 shard,
-                _nearest_nic(topology, gpu.index),
+                nics[gpu.index],
                 tuple(r.dst for r in peers),
             )
         )

@@ -66,16 +66,18 @@ def test_dgx1_hybrid_cube_mesh_routes_two_hops_over_nvlink():
 def test_a100_nics_from_the_legend():
     topology, plan = load("a100_sxm4_8x_nvswitch_17nic")
     assert len(topology.nics) == 17 and topology.nics[-1] == "mlx5_bond_0"
+    # each GPU pair shares a switch with 4 NICs (two PIX pairs): one NIC each, on different pairs
     assert [p.nic for p in plan.placements] == [
         "mlx5_2",
-        "mlx5_2",
+        "mlx5_4",
         "mlx5_6",
-        "mlx5_6",
+        "mlx5_8",
         "mlx5_10",
-        "mlx5_10",
+        "mlx5_12",
         "mlx5_14",
-        "mlx5_14",
+        "mlx5_16",
     ]
+    assert all(topology.link(f"GPU{p.gpu}", str(p.nic)).kind == "PXB" for p in plan.placements)  # still the nearest
     assert topology.numa_nodes == (0,) and len(topology.numa_cpus[0]) == 104
 
 
