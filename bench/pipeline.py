@@ -45,15 +45,20 @@ def _rate(n: int, seconds: float) -> float:
     return n / seconds if seconds > 0 else 0.0
 
 
-def _worker_main(kafka: KafkaSettings, settings: StreamSettings, log_file: str) -> None:
-    """The Faust worker in a child process, its output in `log_file`."""
+def redirect_output(log_file: str) -> None:
+    """Send this (child) process's stdout and stderr to `log_file`."""
     import sys
-
-    from stream.app import run_worker
 
     with open(log_file, "ab") as log:
         os.dup2(log.fileno(), sys.stdout.fileno())
         os.dup2(log.fileno(), sys.stderr.fileno())
+
+
+def _worker_main(kafka: KafkaSettings, settings: StreamSettings, log_file: str) -> None:
+    """The Faust worker in a child process, its output in `log_file`."""
+    from stream.app import run_worker
+
+    redirect_output(log_file)
     run_worker(kafka, settings)
 
 

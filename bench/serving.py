@@ -35,7 +35,7 @@ import numpy as np
 import orjson
 import torch
 
-from bench.pipeline import _stop, _worker_main
+from bench.pipeline import _stop, _worker_main, redirect_output
 from serving.settings import ServingSettings
 from stream.replay import ReplayRecord, replay
 from stream.schema import Schema, load_schema, schema_file
@@ -43,6 +43,7 @@ from stream.settings import KafkaSettings, StreamSettings
 from stream.synthetic import SyntheticConfig, SyntheticCriteo
 from stream.topics import ensure_topics
 from trainer.batch import batch_from_features
+from trainer.group import free_port
 from trainer.replica import Trainer
 from trainer.settings import MlflowSettings, TrainerSettings
 
@@ -120,16 +121,10 @@ async def _open_loop(url: str, bodies: list[bytes], rate: float, seconds: float,
 
 
 # --- processes ---------------------------------------------------------------------------------
-def _redirect(log_file: str) -> None:
-    with open(log_file, "ab") as log:
-        os.dup2(log.fileno(), sys.stdout.fileno())
-        os.dup2(log.fileno(), sys.stderr.fileno())
-
-
 def _serve_main(settings: ServingSettings, schema_path: str, tracking_uri: str, model_name: str, log: str) -> None:
     from serving.app import run_server
 
-    _redirect(log)
+    redirect_output(log)
     run_server(settings, load_schema(schema_path), tracking_uri, model_name)
 
 
@@ -138,7 +133,7 @@ def _train_main(
 ) -> None:
     from trainer.loop import run_training
 
-    _redirect(log)
+    redirect_output(log)
     run_training(load_schema(schema_path), kafka, settings, mlflow, idle_exit_s=15.0, progress=False)
 
 
@@ -196,12 +191,6 @@ def _wait_http(url: str, what: str, timeout_s: float, alive: Any) -> None:
     raise RuntimeError(f"bench serving: {what} did not answer {url} within {timeout_s}s")
 
 
-def _free_port() -> int:
-    from trainer.group import free_port
-
-    return free_port()
-
-
 # --- the pieces --------------------------------------------------------------------------------
 def _train_some(trainer: Trainer, generator: SyntheticCriteo, schema: Schema, events: int) -> None:
     from stream.decode import event_from_mapping
@@ -240,7 +229,7 @@ def _mlflow_baseline(publication: Path, schema_path: str, mlflow: MlflowSettings
             python_model=str(Path(__file__).with_name("pyfunc_model.py")),
             artifacts={"publication": str(publication), "schema": str(schema_file(schema_path))},
         )
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow.tracking_uri, "PYTHONPATH": str(ROOT)}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # its uvicorn is ours
     cmd = [sys.executable, "-m", "mlflow", "models", "serve", "-m", info.model_uri, "--env-manager", "local"]
@@ -432,7 +421,7 @@ def run_serving_bench(
     _, first = _publish_base(trainer, publisher, work / "v1")
     requests, _ = generator.generate(6400)
     context = multiprocessing.get_context("spawn")
-    ours = replace(serving, port=_free_port(), cache_dir=str(work / "cache"))
+    ours = replace(serving, port=free_port(), cache_dir=str(work / "cache"))
     server = context.Process(
         target=_serve_main,
         args=(ours, schema_path, mlflow.tracking_uri, mlflow.model_name, str(log_dir / "serve.log")),
@@ -495,7 +484,7 @@ def run_serving_bench(
             snapshot=replace(trainer_settings.snapshot, dir=str(work / "snapshots")),
         ),
         replace(mlflow, model_name=f"{scope}-model"),
-        replace(serving, port=_free_port(), cache_dir=str(work / "fresh-cache")),
+        replace(serving, port=free_port(), cache_dir=str(work / "fresh-cache")),
         log_dir,
         seconds=fresh_s,
     )

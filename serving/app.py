@@ -159,8 +159,8 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> FastA
             holder.current = model  # the swap: one reference assignment
             holder.last_error = None
             SWAPS.inc()
-            same_base = before is not None and before.version == model.version
-            DELTAS.inc(model.sequence - (before.sequence if same_base and before else 0))
+            applied_before = before.sequence if before is not None and before.version == model.version else 0
+            DELTAS.inc(model.sequence - applied_before)
             for name, value in model.manifest.metrics.items():
                 MODEL_METRICS.labels(name).set(value)
             log.info("serving version %s (step %d)", model.version, model.manifest.step)
