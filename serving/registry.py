@@ -77,8 +77,13 @@ def download_delta(tracking_uri: str, ref: VersionRef, sequence: int, cache_dir:
     target = Path(cache_dir) / ref.name / ref.version / "deltas" / f"{sequence:09d}"
     if is_complete(target):
         return target
+    uri = f"{ref.source}/deltas/{sequence:09d}"
+    # look before downloading: a folder caught between its creation and its first file lists empty,
+    # and MLflow then takes it for a file and fails; with the manifest listed, every file is there
+    listed = mlflow.artifacts.list_artifacts(artifact_uri=uri, tracking_uri=tracking_uri)
+    if MANIFEST not in {Path(info.path).name for info in listed}:
+        return None
     with tempfile.TemporaryDirectory(dir=Path(cache_dir)) as tmp:
-        uri = f"{ref.source}/deltas/{sequence:09d}"
         local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=tmp, tracking_uri=tracking_uri))
         if not is_complete(local):
             return None
