@@ -10,6 +10,11 @@ Per batch, vectorized: `read` resolves each id to the highest tier holding it; `
 updated rows on the device, evicting others (LRU or LFU) to RAM, and RAM victims to RocksDB when
 they are dirty. Rows unseen for `ttl_steps` are dropped from every tier. Everything is counted in
 `stats()`.
+
+Pipelined (`pipelined=True`, the default): RocksDB traffic runs on one IO thread (pipeline.py).
+`prefetch(ids)` of the next batch reads its cold rows while this batch trains, and dirty RAM
+victims are written down in the background; reads see in-flight rows first, so the results are
+those of the serial store (tests/test_hierarchy.py pins it).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import torch
 
 from adstream.checks import at_least, check_fields, one_of
 from store.errors import StoreError
+from store.pipeline import RocksPipeline
 from store.ram import RamTier
 from store.rocks import RocksTier
 
@@ -42,6 +48,7 @@ class HierarchyConfig:
     policy: str = one_of(("lru", "lfu"), "lru")  # eviction policy of the device and RAM tiers
     ttl_steps: int = 0  # drop rows unseen for this many steps; 0 = never
     evict_slack: float = at_least(0, 0.05)  # evict this fraction of a tier's capacity extra, to evict less often
+    pipelined: bool = True  # RocksDB reads ahead (prefetch) and write-backs behind, on an IO thread
 
     def __post_init__(self) -> None:
         check_fields(self, "HierarchyConfig", StoreError)
@@ -55,6 +62,7 @@ class TieredStore:
         self.device = RamTier(width, config.device_bytes, device=config.device, preallocate=True)
         self.ram = RamTier(width, config.ram_bytes, pin=config.device.startswith("cuda"))
         self.rocks = RocksTier(config.path, width, config.disk_bytes, wal=False)  # durability = checkpoint
+        self.io = RocksPipeline(self.rocks, asynchronous=config.pipelined)  # the hot path's RocksDB traffic
         self.step = 0
         # ids the last read looked for in RocksDB (sorted) and whether it had them: rows coming up
         # to the device carry that knowledge, so writing them back later needs no existence check
@@ -78,7 +86,7 @@ class TieredStore:
         rows[torch.from_numpy(take).to(rows.device)] = r_rows[torch.from_numpy(r_found)].to(rows.device)
         found[take] = True
         rest = rest[~r_found]
-        c_rows, c_found = self.rocks.read(ids[rest])
+        c_rows, c_found = self.io.read(ids[rest])
         order = np.argsort(ids[rest], kind="stable")
         self._cold_ids, self._cold_found = ids[rest][order], c_found[order]
         take = rest[c_found]
@@ -140,22 +148,36 @@ class TieredStore:
             known = self._cold_ids[pos] == ids[where]
             out[where[known]] = self._cold_found[pos[known]]
         if (~known).any():
-            out[where[~known]] = self.rocks.contains(ids[where[~known]])
+            out[where[~known]] = self.io.contains(ids[where[~known]])
         return out
+
+    def prefetch(self, ids: np.ndarray) -> None:
+        """The next batch's ids (any shape, repeats allowed), called after this batch's `read`:
+        start reading the rows neither the device nor the RAM tier holds from RocksDB in the
+        background; the next `read` uses them. Ids this batch just read from RocksDB are skipped
+        (its `write` promotes them)."""
+        ids = np.unique(ids)
+        cold = ~(self.device.contains(ids) | self.ram.contains(ids))
+        if len(self._cold_ids):
+            pos = np.searchsorted(self._cold_ids, ids).clip(max=len(self._cold_ids) - 1)
+            cold &= self._cold_ids[pos] != ids
+        self.io.prefetch(ids[cold])
 
     def load_rows(self, ids: np.ndarray, rows: torch.Tensor) -> None:
         """Bulk load into RocksDB (rows come up to the device tier when a batch touches them)."""
+        self.io.drain()
         for start in range(0, len(ids), 65536):
             self.rocks.write(ids[start : start + 65536], rows[start : start + 65536], step=self.step)
 
     def remove(self, ids: np.ndarray) -> int:
-        present = self.device.contains(ids) | self.ram.contains(ids) | self.rocks.read(ids)[1]
+        present = self.device.contains(ids) | self.ram.contains(ids) | self.io.contains(ids)
         self.device.remove(ids)
         self.ram.remove(ids)
-        self.rocks.remove(ids)
+        self.io.remove(ids)
         return int(present.sum())
 
     def all_ids(self) -> np.ndarray:
+        self.io.drain()
         return np.unique(np.concatenate([self.device.all_ids(), self.ram.all_ids(), self.rocks.all_ids()]))
 
     def __len__(self) -> int:
@@ -177,13 +199,7 @@ class TieredStore:
             self._evict_ram(need + int(self.config.evict_slack * self.ram.capacity_rows), keep_in_ram)
         take = min(len(victims), self.ram.free_rows)
         if take < len(victims):  # RAM smaller than the overflow: the rest goes straight down
-            self.rocks.write(
-                victims[take:],
-                rows[take:].cpu(),
-                last_seen=last_seen[take:],
-                freq=freq[take:],
-                new_rows=int((~on_disk[take:]).sum()),
-            )
+            self.io.write(victims[take:], rows[take:], last_seen[take:], freq[take:], int((~on_disk[take:]).sum()))
             self.counters["writebacks"] += len(victims) - take
         self.ram.write(victims[:take], rows[:take].cpu(), dirty=True)
         self.ram.set_meta(victims[:take], last_seen[:take], freq[:take], on_disk[:take])
@@ -198,7 +214,7 @@ class TieredStore:
         if dirty.any():
             rows, _ = self.ram.read(victims[dirty])
             new_rows = int((~self.ram.disk_flags(victims[dirty])).sum())
-            self.rocks.write(victims[dirty], rows, last_seen=last_seen[dirty], freq=freq[dirty], new_rows=new_rows)
+            self.io.write(victims[dirty], rows, last_seen[dirty], freq[dirty], new_rows)
             self.counters["writebacks"] += int(dirty.sum())
         self.ram.remove(victims)
         self.counters["ram_evictions"] += len(victims)
@@ -212,7 +228,7 @@ class TieredStore:
             old = ids[tier.last_seen[slots] < horizon]
             if len(old):
                 tier.remove(old)
-                self.rocks.remove(old)
+                self.io.remove(old)
                 dropped += len(old)
         self.counters["expired"] += dropped
         return dropped
@@ -222,17 +238,19 @@ class TieredStore:
         runs it at each snapshot, the hierarchy at each checkpoint). Returns how many."""
         if not self.config.ttl_steps:
             return 0
+        self.io.drain()
         ids = self.rocks.all_ids()
         _, _, last_seen, _ = self.rocks.read_with_meta(ids)
         old = ids[last_seen < self.step - self.config.ttl_steps]
         old = old[~(self.device.contains(old) | self.ram.contains(old))]
-        self.rocks.remove(old)
+        self.io.remove(old)
         self.counters["expired"] += len(old)
         return len(old)
 
     # --- persistence ------------------------------------------------------------------
     def flush(self) -> None:
         """Write every device row and every dirty RAM row down to RocksDB (they stay cached)."""
+        self.io.drain()
         for tier in (self.device, self.ram):
             ids, slots = tier.resident()
             if tier is self.ram:
@@ -292,6 +310,7 @@ class TieredStore:
         return store
 
     def close(self) -> None:
+        self.io.close()
         self.rocks.close()
 
     def stats(self) -> dict[str, float]:
@@ -313,4 +332,6 @@ class TieredStore:
             "bytes_device": float(self.device.bytes_used()),
             "bytes_ram": float(self.ram.bytes_used()),
             "bytes_rocksdb": float(self.rocks.bytes_used()),
+            "prefetch_overlap": self.io.overlap(),
+            **{f"io_{key}": float(value) for key, value in sorted(self.io.counters.items())},
         }

@@ -101,18 +101,28 @@ class RocksTier:
     ) -> None:
         """Insert or overwrite; new_rows: how many ids are absent, when the caller knows (the
         hierarchy tracks which cached rows have a copy here), which saves a multi-get."""
-        from rocksdict import WriteBatch
-
         if rows.shape != (len(ids), self.width):
             raise StoreError(f"RocksTier.write: rows shape {tuple(rows.shape)}, expected ({len(ids)}, {self.width})")
-        new = int((~self.contains(ids)).sum()) if new_rows is None else new_rows
-        if (self._count + new) * self.row_bytes > self.capacity_bytes:
+        self.reserve(int((~self.contains(ids)).sum()) if new_rows is None else new_rows)
+        self.put(ids, rows, np.full(len(ids), step) if last_seen is None else last_seen, freq)
+
+    def reserve(self, new_rows: int) -> None:
+        """Count new_rows more rows, or raise if they would exceed the disk budget (a write does
+        this; the hierarchy's background write-back does it on the caller's thread, then `put`)."""
+        if (self._count + new_rows) * self.row_bytes > self.capacity_bytes:
             raise StoreError(
-                f"RocksTier at {self.path}: {self._count + new} rows exceed the disk budget of "
+                f"RocksTier at {self.path}: {self._count + new_rows} rows exceed the disk budget of "
                 f"{self.capacity_bytes} bytes; raise store.disk_bytes"
             )
+        self._count += new_rows
+
+    def put(self, ids: np.ndarray, rows: torch.Tensor, last_seen: np.ndarray, freq: np.ndarray | None = None) -> None:
+        """Write rows with their bookkeeping, no counting (the caller reserved them). Thread-safe
+        against reads: RocksDB applies a write batch atomically."""
+        from rocksdict import WriteBatch
+
         meta = np.zeros((len(ids), 2), dtype=np.int64)
-        meta[:, 0] = step if last_seen is None else last_seen
+        meta[:, 0] = last_seen
         meta[:, 1] = 1 if freq is None else freq
         payload = np.concatenate(
             [rows.detach().cpu().numpy().astype(np.float32).view(np.uint8), meta.view(np.uint8)], axis=1
@@ -121,24 +131,11 @@ class RocksTier:
         for key, value in zip(_keys(ids), payload, strict=True):
             batch.put(key, value.tobytes())
         self.db.write(batch)
-        self._count += new
 
     def write_new(self, ids: np.ndarray, rows: torch.Tensor) -> None:
         """Bulk insert of ids known to be absent (no existence check), e.g. loading a table."""
-        from rocksdict import WriteBatch
-
-        if (self._count + len(ids)) * self.row_bytes > self.capacity_bytes:
-            raise StoreError(
-                f"RocksTier at {self.path}: bulk load exceeds the disk budget of {self.capacity_bytes} bytes"
-            )
-        meta = np.zeros((len(ids), 2), dtype=np.int64)
-        meta[:, 1] = 1
-        payload = np.concatenate([rows.numpy().astype(np.float32).view(np.uint8), meta.view(np.uint8)], axis=1)
-        batch = WriteBatch(raw_mode=True)
-        for key, value in zip(_keys(ids), payload, strict=True):
-            batch.put(key, value.tobytes())
-        self.db.write(batch)
-        self._count += len(ids)
+        self.reserve(len(ids))
+        self.put(ids, rows, np.zeros(len(ids), dtype=np.int64))
 
     def remove(self, ids: np.ndarray) -> int:
         from rocksdict import WriteBatch

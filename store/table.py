@@ -102,6 +102,7 @@ class EmbeddingTable:
         self._touched: list[np.ndarray] = []  # ids written since the last take_touched() (replica merges)
         self._changed: list[np.ndarray] = []  # ids written or merged since the last take_changed() (deltas)
         self._sighted: list[np.ndarray] = []  # ids counted by the sketch since the last take_sighted()
+        self._next_ids: np.ndarray | None = None  # the coming batch's ids, prefetched after the next lookup
 
     @property
     def dim(self) -> int:
@@ -129,6 +130,13 @@ class EmbeddingTable:
     def lookup(self, ids: np.ndarray, device: torch.device | str = "cpu", columns: np.ndarray | None = None) -> Lookup:
         """ids int64 (n, F) -> the Lookup of their rows; or ids of any shape with `columns` (same
         shape): each id's field, which admission needs to find its shared row (min_count 1: any shape)."""
+        found = self._lookup(ids, device, columns)
+        if self._next_ids is not None:  # this batch's reads are done: start on the next one's
+            self.tier.prefetch(self._next_ids)  # type: ignore[attr-defined]
+            self._next_ids = None
+        return found
+
+    def _lookup(self, ids: np.ndarray, device: torch.device | str, columns: np.ndarray | None) -> Lookup:
         flat = ids.reshape(-1)
         unique, inverse = np.unique(flat, return_inverse=True)
         inverse = inverse.reshape(-1)
@@ -199,6 +207,18 @@ class EmbeddingTable:
             waiting=waiting,
             new=new,
         )
+
+    @property
+    def prefetches(self) -> bool:
+        """Whether `prefetch` does anything: the tier reads ahead (a pipelined hierarchy)."""
+        config = getattr(self.tier, "config", None)
+        return hasattr(self.tier, "prefetch") and bool(getattr(config, "pipelined", False))
+
+    def prefetch(self, ids: np.ndarray) -> None:
+        """ids of the batch after the next lookup's (any shape): the tier starts reading their rows
+        right after that lookup's own reads, so they come in while that batch trains."""
+        if self.prefetches:
+            self._next_ids = ids
 
     def update(self, lookup: Lookup, grad: torch.Tensor, step: int) -> None:
         """Apply the sparse optimizer with grad (u, dim) (of the batch's summed loss) and write the rows back."""

@@ -132,27 +132,63 @@ def test_admission_needs_min_count_sightings_and_trains_the_fields_shared_row():
     assert sorted(table.tier.all_ids().tolist()) == [5, 1000, 2000] and table.stats()["admissions"] == 1
 
 
-def _train(tier, batches):
+def _train(tier, batches, prefetch: bool = False):
+    """Train a small model through `tier`; with prefetch, each step announces the next batch (the
+    trainer's loop does the same), so its cold rows are read while evictions write others back."""
     config = ModelConfig(num_fields=5, num_dense=3, embed_dim=3, hidden=(8,), seed=1)
     table = EmbeddingTable(tier, TableConfig(dim=config.row_dim, seed=2, optim=SparseOptimConfig("adam", lr=0.05)))
     model = CtrModel(config)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     for step, batch in enumerate(batches, start=1):
+        if prefetch and step < len(batches):
+            table.prefetch(batches[step].ids)
         train_step(model, opt, table, batch, step)
     return model, table
 
 
-def test_tiny_budgets_train_the_same_model_as_one_unbounded_tier(tmp_path):
+@pytest.mark.parametrize(
+    "pipelined, prefetch", [(False, False), (True, False), (True, True)], ids=["serial", "async-writeback", "prefetch"]
+)
+def test_tiny_budgets_train_the_same_model_as_one_unbounded_tier(tmp_path, pipelined, prefetch):
     batches = zipf_batches(40)
     reference_model, reference = _train(RamTier(12, 1 << 26), batches)
-    tiered_model, tiered = _train(tiny_hierarchy(tmp_path / "h", width=12, device_rows=160, ram_rows=40), batches)
-    assert tiered.tier.stats()["device_evictions"] > 0 and tiered.tier.stats()["writebacks"] > 0
+    tier = tiny_hierarchy(tmp_path / "h", width=12, device_rows=160, ram_rows=40, pipelined=pipelined)
+    tiered_model, tiered = _train(tier, batches, prefetch)
+    stats = tiered.tier.stats()
+    assert stats["device_evictions"] > 0 and stats["writebacks"] > 0
+    if prefetch:  # rows came from the prefetch while write-backs of evicted rows were in flight
+        assert stats["io_prefetched_rows"] > 0 and stats["io_prefetches"] == len(batches) - 1
     ids, rows = reference.export()
     tiered_ids, tiered_rows = tiered.export()
     np.testing.assert_array_equal(ids, tiered_ids)
     torch.testing.assert_close(tiered_rows, rows, rtol=1e-5, atol=1e-6)
     for a, b in zip(reference_model.parameters(), tiered_model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_prefetched_row_written_after_the_prefetch_is_read_new(tmp_path):
+    store = tiny_hierarchy(tmp_path / "h", width=4, device_rows=2, ram_rows=2)
+    old = torch.full((1, 4), 1.0)
+    store.io.write(np.array([7]), old, np.array([1]), np.array([1]), new_rows=1)
+    store.io.drain()
+    store.io.prefetch(np.array([7]))  # reads the old row in the background...
+    store.io.write(np.array([7]), old + 1, np.array([2]), np.array([1]), new_rows=0)  # ...then it changes
+    rows, found = store.io.read(np.array([7]))
+    assert found.all() and rows[0, 0].item() == 2.0
+    assert store.io.counters["prefetch_stale"] == 1
+    store.close()
+
+
+def test_a_failed_background_write_is_raised_on_the_trainers_thread(tmp_path, monkeypatch):
+    store = tiny_hierarchy(tmp_path / "h", width=4, device_rows=2, ram_rows=2)
+
+    def broken(*args, **kwargs):
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(store.rocks, "put", broken)
+    store.io.write(np.array([7]), torch.ones(1, 4), np.array([1]), np.array([1]), new_rows=1)
+    with pytest.raises(StoreError, match="background write failed: disk on fire"):
+        store.io.drain()
 
 
 CHILD = """
@@ -164,7 +200,9 @@ from store.table import EmbeddingTable, TableConfig
 store = tiny_hierarchy({path!r}, width=12, device_rows=160, ram_rows=40)
 table = EmbeddingTable(store, TableConfig(dim=4, seed=2, optim=SparseOptimConfig("adam", lr=0.05)))
 rng = np.random.default_rng(1)
-for step, batch in enumerate(zipf_batches(100000), start=1):
+batches = zipf_batches(100000)
+for step, batch in enumerate(batches, start=1):
+    table.prefetch(batches[step].ids)  # the pipelined path: the next batch's rows read ahead
     lookup = table.lookup(batch.ids)
     table.update(lookup, torch.from_numpy(rng.normal(size=tuple(lookup.vectors.shape)).astype(np.float32)), step)
     if step % 5 == 0:

@@ -76,6 +76,7 @@ def make_tier(settings: TrainerSettings, width: int, rank: int = 0) -> Tier:
         device=settings.device,
         policy=store.eviction,
         ttl_steps=store.ttl_steps,
+        pipelined=store.pipelined,
     )
     return TieredStore(width, config)
 
@@ -165,6 +166,16 @@ class Trainer:
     def predict(self, batch: Batch) -> np.ndarray:
         """CTR (B,) without learning (what serving would answer for this batch)."""
         return predict(self.model, self.table, batch.to(self.device))
+
+    @property
+    def prefetches(self) -> bool:
+        """Whether `prefetch` does anything (a pipelined tiered store): worth holding a batch ahead."""
+        return self.table.prefetches
+
+    def prefetch(self, batch: Batch) -> None:
+        """Announce the batch that comes after the next `learn`'s: its cold rows are read from
+        RocksDB while that one trains. The results of `learn` do not depend on it."""
+        self.table.prefetch(np.concatenate([batch.ids.reshape(-1)] + [ids for _, ids in batch.lists]))
 
     def learn(self, batch: Batch) -> StepResult:
         """One local step (score first, then learn); merges are separate (`merge`)."""

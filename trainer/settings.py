@@ -61,6 +61,7 @@ class StoreSettings:
     path: str = ".state/rocksdb/trainer"  # RocksDB directory (kind = "tiered")
     eviction: str = one_of(("lru", "lfu"), "lru")  # eviction policy of the device and RAM tiers (kind = "tiered")
     ttl_steps: int = at_least(0, 0)  # drop rows unseen for this many steps; 0 = never (kind = "tiered")
+    pipelined: bool = True  # tiered: read the next batch's cold rows during this step, write back async
     min_count: int = at_least(1, 1)  # batches an id must appear in before it gets its own row (before: a shared row)
     admission_bytes: int = at_least(1, 16 << 20)  # memory of the admission counters (count-min sketch), bytes
 
