@@ -291,3 +291,18 @@ def test_trainer_on_the_hierarchy_snapshots_and_serves_the_same_predictions(sche
     )
     restored = load_snapshot(path, fresh)
     np.testing.assert_allclose(predict(restored.model, fresh, batch), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_the_loop_holds_one_batch_ahead_and_announces_it_before_handing_out_the_current():
+    from trainer.loop import one_ahead
+
+    events: list[str] = []
+
+    class Recorder:
+        def prefetch(self, batch):
+            events.append(f"prefetch {batch}")
+
+    stream = iter(["b1", None, "b2", "b3"])  # None: an idle round
+    for batch in one_ahead(stream, Recorder()):  # type: ignore[arg-type]
+        events.append(f"learn {batch}")
+    assert events == ["learn b1", "prefetch b2", "learn None", "prefetch b3", "learn b2", "learn b3"]

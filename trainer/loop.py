@@ -207,12 +207,13 @@ def one_ahead(batches: Iterator[Batch | None], trainer: Trainer) -> Iterator[Bat
     (Trainer.prefetch), so its cold rows are read from RocksDB while this one trains. Costs one
     batch of latency; recovery is unaffected (snapshots hold the offsets of what was learned, not
     of what was read)."""
-    current = next(batches)
-    while True:
-        upcoming = next(batches)
-        if upcoming is not None:
-            trainer.prefetch(upcoming)
-        yield current
+    end = object()
+    current = next(batches, end)
+    while current is not end:
+        upcoming = next(batches, end)
+        if upcoming is not None and upcoming is not end:
+            trainer.prefetch(upcoming)  # type: ignore[arg-type]
+        yield current  # type: ignore[misc]
         current = upcoming
 
 

@@ -54,10 +54,17 @@ def produce_batches(config: Config) -> set[tuple[int, int]]:
     return produced
 
 
-def job_config(config: Config, tmp_path: Path, name: str) -> Config:
+# the tiered store's budgets are a few batches' rows, so rows go down to RocksDB and come back
+# (through the pipelined loop: one batch held ahead, its cold rows prefetched)
+TIERED = {"store.kind": "tiered", "store.device_bytes": 250_000, "store.ram_bytes": 100_000}
+
+
+def job_config(config: Config, tmp_path: Path, name: str, store: str = "ram") -> Config:
+    tiered = {**TIERED, "store.path": str(tmp_path / name / "rocksdb")} if store == "tiered" else {}
     trainer = with_changes(
         config.trainer,
         {
+            **tiered,
             "group_id": f"{config.trainer.group_id}-{name}",
             "learn_log": str(tmp_path / name / "learned"),
             "batch_size": EVENTS_PER_RECORD,
@@ -109,12 +116,13 @@ def run_job(config: Config, tmp_path: Path, name: str, kill: bool) -> tuple[subp
     return proc, log
 
 
-def test_killed_replica_resumes_from_the_snapshot_with_no_record_lost(isolated: Config, tmp_path: Path):
+@pytest.mark.parametrize("store", ["ram", "tiered"])
+def test_killed_replica_resumes_from_the_snapshot_with_no_record_lost(isolated: Config, tmp_path: Path, store: str):
     produced = produce_batches(isolated)
     (tmp_path / "reference").mkdir()
     (tmp_path / "killed").mkdir()
-    reference = job_config(isolated, tmp_path, "reference")
-    killed = job_config(isolated, tmp_path, "killed")
+    reference = job_config(isolated, tmp_path, "reference", store)
+    killed = job_config(isolated, tmp_path, "killed", store)
     run_job(reference, tmp_path, "reference", kill=False)
     _, log = run_job(killed, tmp_path, "killed", kill=True)
     assert "restart 1" in log.read_text()
@@ -146,3 +154,8 @@ def test_killed_replica_resumes_from_the_snapshot_with_no_record_lost(isolated: 
     client = MlflowClient(isolated.mlflow.tracking_uri)
     version = client.get_model_version_by_alias(isolated.mlflow.model_name, isolated.mlflow.alias)
     assert version.source.endswith(f"publications/{final.name}")  # the serving publication of that step
+    if store == "tiered":  # rows really went down to RocksDB and came back through the prefetch
+        experiment = client.get_experiment_by_name(isolated.mlflow.experiment)
+        runs = client.search_runs([experiment.experiment_id], f"params.group_id = '{reference.trainer.group_id}'")
+        metrics = runs[0].data.metrics
+        assert metrics["store_writebacks"] > 0 and metrics["store_io_prefetched_rows"] > 0, metrics
