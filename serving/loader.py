@@ -96,11 +96,14 @@ def apply_delta(served: ServedModel, path: str | Path) -> ServedModel:
     emb = read_embeddings(path)
     model = load_model(path, manifest)  # both read before any row lands
     tier, ids = served.table.tier, emb["ids"].numpy().astype(np.int64)
+    removed = emb["removed"].numpy().astype(np.int64) if "removed" in emb else np.zeros(0, dtype=np.int64)
     try:
         if isinstance(tier, FrozenTier):
             tier.apply(ids, emb["vectors"])
         else:  # RocksDB: one write batch, atomic
             tier.write(ids, emb["vectors"])
+        if len(removed):  # rows the trainer expired: here too they read the unseen-id rule
+            tier.remove(removed)
     except StoreError as exc:
         raise ServingError(str(exc)) from exc
     return ServedModel(served.version, manifest, model, served.table)

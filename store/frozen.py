@@ -6,10 +6,12 @@ an EmbeddingTable over a tier of width dim answers lookups and refuses updates.
 
 Serving applies published deltas in place (`apply`): a row the tier holds is overwritten where it
 lies; ids it does not hold go to a small sorted overlay, merged into the base once the overlay
-passes a quarter of it. Readers see one consistent (base, overlay) pair: the pair is replaced by
-one reference assignment. A request reading while a delta lands may see some rows of the delta
-and not others (each row whole or not at all is not promised either): the same staleness any
-in-place update has, bounded by one delta.
+passes a quarter of it. Ids a delta removes (rows the trainer expired) are tombstoned in the base
+(a flag, flipped in place) or dropped from the overlay; an id written again comes back to life.
+Readers see one consistent (base, overlay) pair: the pair is replaced by one reference assignment.
+A request reading while a delta lands may see some rows of the delta and not others (each row
+whole or not at all is not promised either): the same staleness any in-place update has, bounded
+by one delta.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def find_sorted(sorted_ids: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, n
 class _Arrays(NamedTuple):
     base_ids: np.ndarray  # int64 (n,) sorted, unique
     base_rows: torch.Tensor  # float32 (n, width)
+    base_dead: np.ndarray  # bool (n,): removed by a delta (a tombstone; reads miss it)
     extra_ids: np.ndarray  # int64 (m,) sorted, unique, none of them in base_ids
     extra_rows: torch.Tensor  # float32 (m, width)
 
@@ -45,16 +48,23 @@ class FrozenTier:
         _check(ids, rows, where)
         self.where = where
         self.width = rows.shape[1]
-        self._arrays = _Arrays(ids, rows, np.zeros(0, dtype=np.int64), rows.new_zeros((0, self.width)))
+        self._arrays = _Arrays(
+            ids, rows, np.zeros(len(ids), dtype=bool), np.zeros(0, dtype=np.int64), rows.new_zeros((0, self.width))
+        )
         self.capacity_bytes = self.bytes_used()
 
     def read(self, ids: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
         arrays = self._arrays  # read once: a concurrent apply swaps the pair, never half of it
         out = torch.zeros((len(ids), self.width), dtype=torch.float32)
         found = np.zeros(len(ids), dtype=bool)
-        for sorted_ids, rows in ((arrays.base_ids, arrays.base_rows), (arrays.extra_ids, arrays.extra_rows)):
+        for sorted_ids, rows, dead in (
+            (arrays.base_ids, arrays.base_rows, arrays.base_dead),
+            (arrays.extra_ids, arrays.extra_rows, None),
+        ):
             pos, hit = find_sorted(sorted_ids, ids)
             hit &= ~found
+            if dead is not None and len(dead):
+                hit &= ~dead[pos]
             if hit.any():
                 out[torch.from_numpy(hit)] = rows[torch.from_numpy(pos[hit])]
                 found |= hit
@@ -75,15 +85,20 @@ class FrozenTier:
             pos, hit = find_sorted(sorted_ids, ids)
             if hit.any():
                 stored[torch.from_numpy(pos[hit])] = rows[torch.from_numpy(hit)]  # in place
+                if stored is arrays.base_rows:
+                    arrays.base_dead[pos[hit]] = False  # written again: alive
                 left &= ~hit
         if not left.any():
             return 0
         extra_ids, extra_rows = _merge(arrays.extra_ids, arrays.extra_rows, ids[left], rows[torch.from_numpy(left)])
         if len(extra_ids) > OVERLAY_SHARE * max(len(arrays.base_ids), 1):
-            base_ids, base_rows = _merge(arrays.base_ids, arrays.base_rows, extra_ids, extra_rows)
-            self._arrays = _Arrays(base_ids, base_rows, extra_ids[:0], extra_rows[:0])
+            alive = ~arrays.base_dead  # tombstoned rows leave when the base is rebuilt
+            base_ids, base_rows = _merge(
+                arrays.base_ids[alive], arrays.base_rows[torch.from_numpy(alive)], extra_ids, extra_rows
+            )
+            self._arrays = _Arrays(base_ids, base_rows, np.zeros(len(base_ids), bool), extra_ids[:0], extra_rows[:0])
         else:
-            self._arrays = _Arrays(arrays.base_ids, arrays.base_rows, extra_ids, extra_rows)
+            self._arrays = arrays._replace(extra_ids=extra_ids, extra_rows=extra_rows)
         return int(left.sum())
 
     def write(self, ids: np.ndarray, rows: torch.Tensor, step: int = 0) -> None:
@@ -93,11 +108,25 @@ class FrozenTier:
         )
 
     def remove(self, ids: np.ndarray) -> int:
-        raise StoreError("FrozenTier.remove: this tier is frozen to training (a loaded publication)")
+        """A published delta's removals (rows the trainer expired): base rows are tombstoned in
+        place, overlay rows dropped. Returns how many were held."""
+        ids = np.asarray(ids, dtype=np.int64)
+        arrays = self._arrays
+        pos, hit = find_sorted(arrays.base_ids, ids)
+        if len(arrays.base_ids):
+            hit &= ~arrays.base_dead[pos]
+            arrays.base_dead[pos[hit]] = True
+        in_extra = np.isin(arrays.extra_ids, ids)
+        if in_extra.any():
+            keep = ~in_extra
+            self._arrays = arrays._replace(
+                extra_ids=arrays.extra_ids[keep], extra_rows=arrays.extra_rows[torch.from_numpy(keep)]
+            )
+        return int(hit.sum() + in_extra.sum())
 
     def all_ids(self) -> np.ndarray:
         arrays = self._arrays
-        return np.sort(np.concatenate([arrays.base_ids, arrays.extra_ids]))
+        return np.sort(np.concatenate([arrays.base_ids[~arrays.base_dead], arrays.extra_ids]))
 
     def bytes_used(self) -> int:
         a = self._arrays
@@ -105,7 +134,8 @@ class FrozenTier:
         return int(a.base_ids.nbytes + a.extra_ids.nbytes + row_bytes)
 
     def __len__(self) -> int:
-        return len(self._arrays.base_ids) + len(self._arrays.extra_ids)
+        a = self._arrays
+        return len(a.base_ids) - int(a.base_dead.sum()) + len(a.extra_ids)
 
 
 def _check(ids: np.ndarray, rows: torch.Tensor, where: str) -> None:

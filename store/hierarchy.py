@@ -69,6 +69,7 @@ class TieredStore:
         self._cold_ids = np.zeros(0, dtype=np.int64)
         self._cold_found = np.zeros(0, dtype=bool)
         self.counters: Counter[str] = Counter()
+        self._expired: list[np.ndarray] = []  # ids dropped by TTL since the last take_expired()
         if self.device.capacity_rows < 1 or self.ram.capacity_rows < 1:
             raise StoreError(
                 f"hierarchy: device_bytes and ram_bytes must each hold at least one row ({self.device.row_bytes} bytes)"
@@ -229,6 +230,7 @@ class TieredStore:
             if len(old):
                 tier.remove(old)
                 self.io.remove(old)
+                self._expired.append(old)
                 dropped += len(old)
         self.counters["expired"] += dropped
         return dropped
@@ -244,8 +246,15 @@ class TieredStore:
         old = ids[last_seen < self.step - self.config.ttl_steps]
         old = old[~(self.device.contains(old) | self.ram.contains(old))]
         self.io.remove(old)
+        self._expired.append(old)
         self.counters["expired"] += len(old)
         return len(old)
+
+    def take_expired(self) -> np.ndarray:
+        """Ids dropped by TTL since the last call (serving's deltas remove them too); resets."""
+        expired = np.unique(np.concatenate(self._expired)) if self._expired else np.zeros(0, dtype=np.int64)
+        self._expired = []
+        return expired
 
     # --- persistence ------------------------------------------------------------------
     def flush(self) -> None:

@@ -248,8 +248,12 @@ class EmbeddingTable:
         return touched
 
     def take_changed(self) -> np.ndarray:
-        """Unique ids (sorted) of every row changed here since the last call, by a step or a merge:
-        what a published delta must carry. Resets the record."""
+        """Unique ids (sorted) of every row changed here since the last call, by a step, a merge or
+        TTL expiry: what a published delta must carry (an id the table no longer holds is a
+        removal). Resets the record."""
+        take_expired = getattr(self.tier, "take_expired", None)
+        if take_expired is not None:
+            self._changed.append(take_expired())
         changed = np.unique(np.concatenate(self._changed)) if self._changed else np.zeros(0, dtype=np.int64)
         self._changed = []
         return changed

@@ -16,6 +16,8 @@ from stream.decode import event_from_mapping
 from stream.featurize import featurize
 from tests.helpers import criteo_event, trained_trainer
 from trainer.batch import batch_from_features
+from trainer.replica import Trainer
+from trainer.settings import ModelSettings, StoreSettings, TrainerSettings
 from trainer.snapshot import read_embeddings, read_manifest
 from trainer.step import predict
 
@@ -105,3 +107,28 @@ def test_a_merge_marks_rows_changed_for_the_next_delta(schema):
     trainer.table.put(ids, rows, step=trainer.step)
     assert trainer.table.take_changed().tolist() == [3, 5, 9]
     assert trainer.table.take_changed().tolist() == []
+
+
+@pytest.mark.parametrize("store", ["ram", "rocksdb"])
+def test_rows_the_trainer_expires_leave_serving_with_the_next_delta(schema, tmp_path, store):
+    """TTL expiry in the trainer's hierarchy: the delta names the expired ids and serving drops
+    them, so both read the unseen-id rule for them and still predict alike."""
+    settings = TrainerSettings(
+        model=ModelSettings(embed_dim=4, hidden=(16,)),
+        store=StoreSettings(
+            kind="tiered", ram_bytes=1 << 24, device_bytes=1 << 22, path=str(tmp_path / "t"), ttl_steps=2
+        ),
+    )
+    trainer = Trainer(schema, settings)
+    learn_more(trainer, schema, 0, 3)
+    base = publish_base(trainer, tmp_path)
+    served = load_served_model(base, "1", schema, rocksdb=tmp_path / "rocks" if store == "rocksdb" else None)
+    learn_more(trainer, schema, 1000, 4)  # other events: the base's rare ids go unseen past the TTL
+    delta, changed = publish_delta(trainer, tmp_path, read_manifest(base).base_step, 1)
+    removed = read_embeddings(delta)["removed"].numpy()
+    assert len(removed) > 0 and not trainer.table.stored_rows(removed)[1].any()
+    served = apply_delta(served, delta)
+    assert not served.table.tier.read(removed)[1].any() and len(served.table) == len(trainer.table)
+    np.testing.assert_allclose(
+        predict_events(served, probe_events(schema), schema), trainer_predictions(trainer, schema), rtol=1e-5, atol=1e-6
+    )

@@ -144,7 +144,8 @@ def test_frozen_tier_reads_what_was_exported_and_refuses_writes(tier):
 
 def test_frozen_tier_after_deltas_reads_as_a_tier_written_the_same_way():
     """Deltas applied in place (overwrites, new ids in the overlay, the overlay merged into the
-    base) leave the frozen tier reading exactly as a RamTier given the same writes."""
+    base, removals: tombstones that a later write revives) leave the frozen tier reading exactly
+    as a RamTier given the same writes and removals."""
     rng = np.random.default_rng(3)
     base = np.unique(rng.integers(-1000, 1000, 300))
     reference = RamTier(WIDTH, 1 << 20)
@@ -157,6 +158,8 @@ def test_frozen_tier_after_deltas_reads_as_a_tier_written_the_same_way():
         reference.write(ids, rows)
         shuffled = rng.permutation(len(ids))  # a delta's ids need not come sorted
         assert frozen.apply(ids[shuffled], rows[torch.from_numpy(shuffled)]) == new
+        gone = np.unique(rng.integers(-1500, 1500, 15))  # expired rows: base, overlay, or never held
+        assert frozen.remove(gone) == reference.remove(gone)
     probe = np.arange(-1600, 1600, dtype=np.int64)
     (want, want_found), (got, got_found) = reference.read(probe), frozen.read(probe)
     assert got_found.tolist() == want_found.tolist()

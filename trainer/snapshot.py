@@ -126,14 +126,17 @@ def save_publication(path: str | Path, manifest: Manifest, model: CtrModel, tabl
 def save_delta(
     path: str | Path, manifest: Manifest, model: CtrModel, table: EmbeddingTable, changed: np.ndarray
 ) -> Path:
-    """A delta publication: the dense weights and the vectors of the `changed` ids (sorted, unique)
-    only; the manifest (kind "delta", its base and sequence already set by the caller) comes last."""
+    """A delta publication: the dense weights, the vectors of the `changed` ids (sorted, unique) the
+    table holds, and as `removed` those it no longer holds (expired: serving drops them too, so
+    they read the unseen-id rule there as here); the manifest (kind "delta", its base and sequence
+    already set by the caller) comes last."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, path / DENSE)
     rows, held = table.stored_rows(changed)
-    vectors, _, _ = split_rows(rows[torch.from_numpy(held)], table.dim)  # an expired row is not re-sent
-    save_file({"ids": torch.from_numpy(changed[held]), "vectors": vectors.contiguous()}, path / EMBEDDINGS)
+    vectors, _, _ = split_rows(rows[torch.from_numpy(held)], table.dim)
+    tensors = {"ids": torch.from_numpy(changed[held]), "vectors": vectors.contiguous()}
+    save_file({**tensors, "removed": torch.from_numpy(changed[~held])}, path / EMBEDDINGS)
     return _complete(path, replace(manifest, kind="delta"))
 
 
