@@ -43,13 +43,16 @@ WINDOW = 100_000  # the synthetic streams' last-window figures
 ABLATION: dict[str, dict[str, Any]] = {  # one default changed at a time
     "sparse_optimizer=adagrad": {"optim.sparse_optimizer": "adagrad"},
     "sparse_optimizer=adam": {"optim.sparse_optimizer": "adam", "optim.sparse_lr": 0.01, "optim.wide_lr": 0.01},
-    "wide_lr=sparse_lr/5": {"optim.wide_lr": 0.01},
+    "wide_lr=0.01": {"optim.wide_lr": 0.01},
     "min_count=2 (shared rows)": {"store.min_count": 2},
     "dense_norm=false": {"model.dense_norm": False},
     "warmup_steps=50": {"optim.warmup_steps": 50},
     "init_std=0.001": {"optim.init_std": 0.001},
     "sparse_l2=1e-4": {"optim.sparse_l2": 1e-4},
     "lr=0.001 (old default)": {"optim.lr": 0.001},
+    "embed_dim=8 (old default)": {"model.embed_dim": 8},
+    "sparse_lr=0.05 (old default)": {"optim.sparse_lr": 0.05},
+    "cross_rank=32 (low-rank cross)": {"model.cross_rank": 32},
 }
 
 

@@ -153,13 +153,16 @@ def test_online_norm_standardizes_with_the_statistics_before_the_batch():
     torch.testing.assert_close(norm.mean, torch.tensor([4.0, 40.0]))  # eval mode learns nothing
 
 
-@pytest.mark.parametrize("kind", MODEL_KINDS)
+@pytest.mark.parametrize("kind", [*MODEL_KINDS, "dcn-low-rank"])
 @pytest.mark.parametrize("min_count", [1, 2])
 def test_serving_returns_the_trainers_predictions_for_every_family(tmp_path, kind, min_count):
     schema = load_schema("criteo")
     generator = SyntheticCriteo(schema)
+    model = ModelSettings(kind="dcn", embed_dim=4, hidden=(16,), cross_rank=3) if kind == "dcn-low-rank" else None
     settings = TrainerSettings(
-        model=ModelSettings(kind=kind, embed_dim=4, hidden=(16,)), store=StoreSettings(min_count=min_count), threads=1
+        model=model or ModelSettings(kind=kind, embed_dim=4, hidden=(16,)),
+        store=StoreSettings(min_count=min_count),
+        threads=1,
     )
     trainer = Trainer(schema, settings)
     for _ in range(4):
@@ -171,3 +174,16 @@ def test_serving_returns_the_trainers_predictions_for_every_family(tmp_path, kin
     decoded = [decode_event(orjson.dumps(e), schema) for e in events]
     expected = trainer.predict(batch_from_features([featurize(decoded, schema)]))
     np.testing.assert_allclose(predict_events(served, decoded, schema), expected, atol=1e-5)
+
+
+def test_a_low_rank_cross_layer_is_u_v_transposed_of_that_rank():
+    from trainer.model import CtrModel, ModelConfig
+
+    full = CtrModel(ModelConfig(num_fields=3, num_dense=2, embed_dim=4, kind="dcn"))
+    low = CtrModel(ModelConfig(num_fields=3, num_dense=2, embed_dim=4, kind="dcn", cross_rank=2))
+    width = 3 * 4 + 2
+    assert full.cross[0].weight.shape == (width, width)
+    down, up = low.cross[0]
+    assert down.weight.shape == (2, width) and up.weight.shape == (width, 2)
+    x = torch.randn(5, width)
+    torch.testing.assert_close(low.cross[0](x), x @ (up.weight @ down.weight).T + up.bias)

@@ -37,6 +37,7 @@ class ModelConfig:
     seed: int = 0  # seed of the dense initialization
     kind: str = one_of(MODEL_KINDS, "deepfm")  # the family
     cross_layers: int = 2  # cross layers (dcn)
+    cross_rank: int = 0  # 0: full-rank cross weights (F*E + D)^2; r > 0: W = U V^T of rank r (cheaper)
     dense_norm: bool = True  # standardize dense features by running mean / variance
     list_pooling: tuple[str, ...] = ()  # per list field (the last fields): "mean" or "sum" of its values' rows
 
@@ -109,6 +110,17 @@ def _mlp(width: int, hidden: tuple[int, ...]) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+def _cross_layer(width: int, rank: int) -> nn.Module:
+    """x -> W x + b, W (width, width) full or, with rank > 0, U V^T (DCN-v2's low-rank cross)."""
+    layer = (
+        nn.Linear(width, width)
+        if rank <= 0
+        else nn.Sequential(nn.Linear(width, rank, bias=False), nn.Linear(rank, width))
+    )
+    nn.init.zeros_(layer.bias if isinstance(layer, nn.Linear) else layer[1].bias)
+    return layer
+
+
 class CtrModel(nn.Module):
     """One module for every family (the parts a family does not use are not built)."""
 
@@ -122,10 +134,7 @@ class CtrModel(nn.Module):
         self.dense_linear = nn.Linear(config.num_dense, 1, bias=False)
         width = config.num_fields * config.embed_dim + config.num_dense
         if config.kind == "dcn":
-            layers = [nn.Linear(width, width) for _ in range(config.cross_layers)]
-            for layer in layers:
-                nn.init.zeros_(layer.bias)
-            self.cross = nn.ModuleList(layers)
+            self.cross = nn.ModuleList(_cross_layer(width, config.cross_rank) for _ in range(config.cross_layers))
         if config.kind in ("deepfm", "dcn"):
             self.mlp = _mlp(width, config.hidden)
         torch.random.set_rng_state(generator_state)

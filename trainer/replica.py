@@ -98,6 +98,7 @@ def model_config(schema: Schema, settings: TrainerSettings) -> ModelConfig:
         seed=settings.seed,
         kind=model.kind,
         cross_layers=model.cross_layers,
+        cross_rank=model.cross_rank,
         dense_norm=model.dense_norm,
         list_pooling=schema.list_pooling,
     )

@@ -24,9 +24,10 @@ from trainer.model import MODEL_KINDS
 @dataclass(frozen=True)
 class ModelSettings:
     kind: str = one_of(MODEL_KINDS, "dcn")  # model family: "lr", "fm", "deepfm" or "dcn" (DCN-v2)
-    embed_dim: int = at_least(1, 8)  # factor width per field
+    embed_dim: int = at_least(1, 16)  # factor width per field
     hidden: tuple[int, ...] = (128, 64)  # MLP widths (deepfm, dcn)
     cross_layers: int = at_least(0, 2)  # cross layers (dcn)
+    cross_rank: int = at_least(0, 0)  # dcn cross weights: 0 = full rank; r > 0 = low rank U V^T (cheaper)
     dense_norm: bool = True  # standardize the dense features by running mean / variance
 
     def __post_init__(self) -> None:
@@ -41,7 +42,7 @@ class OptimSettings:
     warmup_steps: int = at_least(0, 0)  # dense learning rate ramps up linearly over this many steps; 0 = none
     # the sparse optimizer (the embedding rows; its state is stored in each row)
     sparse_optimizer: str = one_of(SPARSE_OPTIMIZERS, "ftrl")  # "ftrl" (FTRL-Proximal), "adagrad", "adam", "sgd"
-    sparse_lr: float = at_least(0, 0.05)  # learning rate of the factor columns (FTRL: alpha)
+    sparse_lr: float = at_least(0, 0.15)  # learning rate of the factor columns (FTRL: alpha)
     wide_lr: float = at_least(0, 0.05)  # rate of the wide part: ids' first-order weights, bias, dense linear term
     sparse_l2: float = at_least(0, 0.0)  # L2 penalty on the rows a step touches
     initial_accumulator: float = at_least(0, 0.0)  # Adagrad / FTRL: start of each squared-gradient sum
