@@ -25,7 +25,7 @@ import torch
 from rich.progress import Progress
 
 from adstream.checks import flat_fields, with_changes
-from bench.baseline import BaselineDeepFM, online_lr
+from bench.baseline import BaselineDeepFM, baseline_config, online_lr
 from bench.pipeline import criteo_files
 from stream.featurize import featurize_records
 from stream.records import FeatureBatch, RawRecord
@@ -111,8 +111,7 @@ def baseline_learner(schema: Schema) -> Learner:
 
     def learn(features: FeatureBatch, batch_size: int) -> np.ndarray:
         torch.manual_seed(0)
-        config = replace(model_config(schema, TrainerSettings()), kind="deepfm", dense_norm=False)
-        baseline = BaselineDeepFM(config, lr=0.001, sparse_lr=0.01)
+        baseline = BaselineDeepFM(baseline_config(model_config(schema, TrainerSettings())), lr=0.001, sparse_lr=0.01)
         return np.concatenate([baseline.train_step(batch_from_features([p])) for p in features.split(batch_size)])
 
     return learn

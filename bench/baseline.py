@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,14 @@ def hashed_rows(ids: np.ndarray, bits: int) -> torch.Tensor:
     with np.errstate(over="ignore"):
         h = (ids.astype(np.uint64) * _GOLDEN) >> np.uint64(64 - bits)
     return torch.from_numpy(h.astype(np.int64))
+
+
+BASELINE_EMBED_DIM = 8  # the plain DeepFM's own factor width, whatever adstream's default is
+
+
+def baseline_config(ours: ModelConfig) -> ModelConfig:
+    """The plain DeepFM's head for a stream adstream's model `ours` reads: same fields, its own width."""
+    return replace(ours, kind="deepfm", dense_norm=False, embed_dim=BASELINE_EMBED_DIM, cross_rank=0)
 
 
 class BaselineDeepFM:

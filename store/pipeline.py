@@ -32,6 +32,7 @@ from store.errors import StoreError
 from store.rocks import RocksTier
 
 MAX_IN_FLIGHT = 8  # write-backs queued before the caller waits for the oldest (bounds their memory)
+SPLIT_READ_ROWS = 4096  # a prefetch this large is read as two multi-gets in parallel (they release the GIL)
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,6 +64,9 @@ class RocksPipeline:
         """asynchronous=False: every call runs on the caller's thread (the serial reference)."""
         self.rocks = rocks
         self._io = ThreadPoolExecutor(1, thread_name_prefix="adstream-rocksdb") if asynchronous else None
+        # a helper for the IO thread's large reads; only ever used from inside an IO-thread job, so
+        # the order of reads and writes on the IO thread is kept
+        self._helper = ThreadPoolExecutor(1, thread_name_prefix="adstream-rocksdb-read") if asynchronous else None
         self._in_flight: list[_WriteBack] = []  # oldest first
         self._staged: _Staged | None = None
         self.counters: dict[str, float] = defaultdict(float)
@@ -79,7 +83,14 @@ class RocksPipeline:
 
     def _timed_read(self, ids: np.ndarray) -> tuple[torch.Tensor, np.ndarray, float]:
         started = time.perf_counter()
-        rows, found = self.rocks.read(ids)
+        if self._helper is None or len(ids) < SPLIT_READ_ROWS:
+            rows, found = self.rocks.read(ids)
+        else:
+            half = len(ids) // 2
+            other = self._helper.submit(self.rocks.read, ids[half:])
+            first_rows, first_found = self.rocks.read(ids[:half])
+            other_rows, other_found = other.result()
+            rows, found = torch.cat([first_rows, other_rows]), np.concatenate([first_found, other_found])
         return rows, found, time.perf_counter() - started
 
     def read(self, ids: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
@@ -198,3 +209,5 @@ class RocksPipeline:
         self._staged = None
         if self._io is not None:
             self._io.shutdown(wait=True)
+        if self._helper is not None:
+            self._helper.shutdown(wait=True)

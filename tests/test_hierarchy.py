@@ -147,9 +147,13 @@ def _train(tier, batches, prefetch: bool = False):
 
 
 @pytest.mark.parametrize(
-    "pipelined, prefetch", [(False, False), (True, False), (True, True)], ids=["serial", "async-writeback", "prefetch"]
+    "pipelined, prefetch, split",
+    [(False, False, False), (True, False, False), (True, True, False), (True, True, True)],
+    ids=["serial", "async-writeback", "prefetch", "prefetch-split-reads"],
 )
-def test_tiny_budgets_train_the_same_model_as_one_unbounded_tier(tmp_path, pipelined, prefetch):
+def test_tiny_budgets_train_the_same_model_as_one_unbounded_tier(tmp_path, monkeypatch, pipelined, prefetch, split):
+    if split:  # every prefetch read as two parallel multi-gets
+        monkeypatch.setattr("store.pipeline.SPLIT_READ_ROWS", 2)
     batches = zipf_batches(40)
     reference_model, reference = _train(RamTier(12, 1 << 26), batches)
     tier = tiny_hierarchy(tmp_path / "h", width=12, device_rows=160, ram_rows=40, pipelined=pipelined)

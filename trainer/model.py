@@ -112,12 +112,9 @@ def _mlp(width: int, hidden: tuple[int, ...]) -> nn.Sequential:
 
 def _cross_layer(width: int, rank: int) -> nn.Module:
     """x -> W x + b, W (width, width) full or, with rank > 0, U V^T (DCN-v2's low-rank cross)."""
-    layer = (
-        nn.Linear(width, width)
-        if rank <= 0
-        else nn.Sequential(nn.Linear(width, rank, bias=False), nn.Linear(rank, width))
-    )
-    nn.init.zeros_(layer.bias if isinstance(layer, nn.Linear) else layer[1].bias)
+    out = nn.Linear(width if rank <= 0 else rank, width)
+    nn.init.zeros_(out.bias)
+    layer: nn.Module = out if rank <= 0 else nn.Sequential(nn.Linear(width, rank, bias=False), out)
     return layer
 
 

@@ -39,7 +39,7 @@ from trainer.merge import (
 from trainer.metrics import ProgressiveMetrics
 from trainer.model import CtrModel, ModelConfig
 from trainer.optim import wide_deep_optimizer
-from trainer.settings import TrainerSettings
+from trainer.settings import FAMILY_DEFAULTS, TrainerSettings
 from trainer.snapshot import (
     Manifest,
     load_optimizer_state,
@@ -93,7 +93,7 @@ def model_config(schema: Schema, settings: TrainerSettings) -> ModelConfig:
     return ModelConfig(
         num_fields=schema.num_fields,
         num_dense=schema.num_dense,
-        embed_dim=model.embed_dim,
+        embed_dim=model.embed_dim or FAMILY_DEFAULTS[model.kind][0],
         hidden=tuple(model.hidden),
         seed=settings.seed,
         kind=model.kind,
@@ -108,7 +108,7 @@ def table_config(model: ModelConfig, settings: TrainerSettings) -> TableConfig:
     optim = settings.optim
     sparse = SparseOptimConfig(
         name=optim.sparse_optimizer,
-        lr=optim.sparse_lr,
+        lr=optim.sparse_lr or FAMILY_DEFAULTS[settings.model.kind][1],
         wide_lr=optim.wide_lr,
         l2=optim.sparse_l2,
         initial_accumulator=optim.initial_accumulator,

@@ -20,11 +20,21 @@ from store.sparse_optim import SPARSE_OPTIMIZERS
 from trainer.errors import TrainerError
 from trainer.model import MODEL_KINDS
 
+# what embed_dim = 0 and sparse_lr = 0 mean for each family: (factor width, factor learning rate),
+# tuned on the synthetic stream and the first half of the real rows. DCN's cross layers use wide
+# factors well; the FM term's size grows with the width and rate, so FM-based families stay narrow.
+FAMILY_DEFAULTS: dict[str, tuple[int, float]] = {
+    "lr": (8, 0.05),
+    "fm": (8, 0.05),
+    "deepfm": (8, 0.05),
+    "dcn": (16, 0.15),
+}
+
 
 @dataclass(frozen=True)
 class ModelSettings:
     kind: str = one_of(MODEL_KINDS, "dcn")  # model family: "lr", "fm", "deepfm" or "dcn" (DCN-v2)
-    embed_dim: int = at_least(1, 16)  # factor width per field
+    embed_dim: int = at_least(0, 0)  # factor width per field; 0 = the family's default (dcn 16, others 8)
     hidden: tuple[int, ...] = (128, 64)  # MLP widths (deepfm, dcn)
     cross_layers: int = at_least(0, 2)  # cross layers (dcn)
     cross_rank: int = at_least(0, 0)  # dcn cross weights: 0 = full rank; r > 0 = low rank U V^T (cheaper)
@@ -42,7 +52,7 @@ class OptimSettings:
     warmup_steps: int = at_least(0, 0)  # dense learning rate ramps up linearly over this many steps; 0 = none
     # the sparse optimizer (the embedding rows; its state is stored in each row)
     sparse_optimizer: str = one_of(SPARSE_OPTIMIZERS, "ftrl")  # "ftrl" (FTRL-Proximal), "adagrad", "adam", "sgd"
-    sparse_lr: float = at_least(0, 0.15)  # learning rate of the factor columns (FTRL: alpha)
+    sparse_lr: float = at_least(0, 0.0)  # factor columns' rate (FTRL: alpha); 0 = the family's (dcn 0.15, others 0.05)
     wide_lr: float = at_least(0, 0.05)  # rate of the wide part: ids' first-order weights, bias, dense linear term
     sparse_l2: float = at_least(0, 0.0)  # L2 penalty on the rows a step touches
     initial_accumulator: float = at_least(0, 0.0)  # Adagrad / FTRL: start of each squared-gradient sum
