@@ -130,7 +130,10 @@ class RocksPipeline:
             return None
         if staged.rows is None:  # first use: wait for the IO thread (the part not hidden)
             started = time.perf_counter()
-            staged.rows, staged.found, seconds = staged.result.result()
+            try:
+                staged.rows, staged.found, seconds = staged.result.result()
+            except Exception as exc:
+                raise StoreError(f"RocksDB at {self.rocks.path}: a background read failed: {exc}") from exc
             self.counters["prefetch_wait_s"] += time.perf_counter() - started
             self.counters["prefetch_read_s"] += seconds
         assert staged.found is not None

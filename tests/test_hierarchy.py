@@ -195,6 +195,18 @@ def test_a_failed_background_write_is_raised_on_the_trainers_thread(tmp_path, mo
         store.io.drain()
 
 
+def test_a_failed_prefetch_is_raised_on_the_trainers_thread(tmp_path, monkeypatch):
+    store = tiny_hierarchy(tmp_path / "h", width=4, device_rows=2, ram_rows=2)
+
+    def broken(*args, **kwargs):
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(store.rocks, "read", broken)
+    store.io.prefetch(np.array([7]))
+    with pytest.raises(StoreError, match="background read failed: disk on fire"):
+        store.io.read(np.array([7]))
+
+
 CHILD = """
 import sys, numpy as np, torch
 sys.path.insert(0, {root!r})
