@@ -45,6 +45,7 @@ from stream.schema import Schema
 
 log = logging.getLogger("adstream.serving")
 INLINE_EVENTS = 8  # requests of at most this many events are scored on the event loop itself
+DELTA_DOWNLOAD_TRIES = 3  # polls a delta's download may fail (registry or network) before the version sticks
 REQUESTS = Counter("adstream_serving_requests_total", "prediction requests", ["status"])
 LATENCY = Histogram(
     "adstream_serving_predict_seconds", "time in /predict", buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5)
@@ -77,9 +78,11 @@ class ModelHolder:
 def registry_fetch(tracking_uri: str, model_name: str, settings: ServingSettings, schema: Schema) -> Fetch:
     """Follow the alias: a new version is downloaded and loaded whole; while it stays, its deltas
     are applied in order. A refused version or delta is not downloaded again: the model stays
-    until the alias moves to the next base."""
+    until the alias moves to the next base. A delta whose download fails (the registry or the
+    network for a moment) is tried again at the next polls, DELTA_DOWNLOAD_TRIES in all."""
     refused: set[str] = set()  # versions that failed to load
     stuck: set[str] = set()  # versions whose next delta was refused (a gap or a broken delta)
+    failed_downloads: dict[tuple[str, int], int] = {}  # (version, sequence) -> failed download attempts
     loaded: list[ServedModel] = []  # the bases loaded, newest last: older ones are dropped from disk
 
     def forget_old() -> None:
@@ -115,10 +118,18 @@ def registry_fetch(tracking_uri: str, model_name: str, settings: ServingSettings
                 continue
             try:
                 path = download_delta(tracking_uri, ref, sequence, settings.cache_dir)
-                if path is None:  # still uploading: next poll
-                    break
+            except Exception:  # transient until it has failed DELTA_DOWNLOAD_TRIES polls
+                tries = failed_downloads[(ref.version, sequence)] = failed_downloads.get((ref.version, sequence), 0) + 1
+                if tries >= DELTA_DOWNLOAD_TRIES:
+                    stuck.add(ref.version)
+                if fresh is not None:
+                    return fresh
+                raise
+            if path is None:  # still uploading: next poll
+                break
+            try:
                 fresh = current = apply_delta(current, path)
-            except Exception:
+            except Exception:  # refused (a gap, another base, an unreadable file): wait for the next base
                 stuck.add(ref.version)
                 if fresh is not None:  # serve what did apply; the refusal is reported at the next poll
                     return fresh

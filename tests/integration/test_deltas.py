@@ -5,6 +5,7 @@ upload is unfinished is invisible."""
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -100,3 +101,40 @@ def test_a_training_job_publishes_deltas_between_bases(isolated: Config, tmp_pat
     bases = [info.path for info in client.list_artifacts(run_id, "publications")]
     deltas = [d for base in bases for d in client.list_artifacts(run_id, f"{base}/deltas")]
     assert len(deltas) == len(rows)
+
+
+def test_a_delta_whose_download_fails_is_tried_again_and_only_then_sticks(isolated: Config, tmp_path: Path):
+    """A download failure (here the local cache: a file where the deltas folder goes) is retried at
+    the next polls; after DELTA_DOWNLOAD_TRIES failed polls the version waits for the next base."""
+    from serving.app import DELTA_DOWNLOAD_TRIES
+
+    schema = load_schema(isolated.stream.schema)
+    trainer = trained_trainer(schema, 3)
+    publisher = Publisher(isolated.mlflow, run_name="delta-retries")
+    version = publisher.publish(publish_base(trainer, tmp_path), trainer.step)
+    fetch = registry_fetch(isolated.mlflow.tracking_uri, isolated.mlflow.model_name, isolated.serving, schema)
+    served = fetch(None)
+    assert served is not None and served.version == version
+    blocker = Path(isolated.serving.cache_dir) / isolated.mlflow.model_name / version / "deltas"
+
+    for sequence in (1, 2):
+        learn_more(trainer, schema, 100 * sequence, 1)
+        delta, changed = publish_delta(trainer, tmp_path, publisher.base_step, sequence)
+        publisher.publish_delta(delta, sequence, trainer.step, len(changed))
+        shutil.rmtree(blocker, ignore_errors=True)  # the deltas already applied leave the cache
+        blocker.write_text("in the way")
+        for _ in range(DELTA_DOWNLOAD_TRIES - 1 if sequence == 1 else DELTA_DOWNLOAD_TRIES):
+            with pytest.raises(OSError):
+                fetch(served)
+        blocker.unlink()
+        if sequence == 1:  # fewer failures than the limit: the next poll applies it
+            served = fetch(served)
+            assert served is not None and served.sequence == 1
+        else:  # the limit reached: the version is stuck until the next base, even with the way clear
+            assert fetch(served) is None
+    new_version = publisher.publish(publish_base(trainer, tmp_path / "next"), trainer.step)
+    newest = fetch(served)
+    assert newest is not None and newest.version == new_version
+    np.testing.assert_allclose(
+        predict_events(newest, probe_events(schema), schema), trainer_predictions(trainer, schema), rtol=1e-5, atol=1e-6
+    )
