@@ -24,14 +24,22 @@ from trainer.publish import Publisher
 pytestmark = pytest.mark.integration
 
 
-def test_serving_follows_base_and_deltas_and_refuses_a_gap(isolated: Config, tmp_path: Path):
-    schema = load_schema(isolated.stream.schema)
+def served_base(config: Config, tmp_path: Path, run_name: str):
+    """A trained trainer's base published through the real MLflow and fetched by serving:
+    (schema, trainer, publisher, fetch, the served model)."""
+    schema = load_schema(config.stream.schema)
     trainer = trained_trainer(schema, 3)
-    publisher = Publisher(isolated.mlflow, run_name="deltas")
+    publisher = Publisher(config.mlflow, run_name=run_name)
     version = publisher.publish(publish_base(trainer, tmp_path), trainer.step)
-    fetch = registry_fetch(isolated.mlflow.tracking_uri, isolated.mlflow.model_name, isolated.serving, schema)
+    fetch = registry_fetch(config.mlflow.tracking_uri, config.mlflow.model_name, config.serving, schema)
     served = fetch(None)
     assert served is not None and served.version == version and served.sequence == 0
+    return schema, trainer, publisher, fetch, served
+
+
+def test_serving_follows_base_and_deltas_and_refuses_a_gap(isolated: Config, tmp_path: Path):
+    schema, trainer, publisher, fetch, served = served_base(isolated, tmp_path, "deltas")
+    version = served.version
     assert fetch(served) is None  # nothing newer
 
     for sequence, first in ((1, 150), (2, 250)):
@@ -108,14 +116,8 @@ def test_a_delta_whose_download_fails_is_tried_again_and_only_then_sticks(isolat
     the next polls; after DELTA_DOWNLOAD_TRIES failed polls the version waits for the next base."""
     from serving.app import DELTA_DOWNLOAD_TRIES
 
-    schema = load_schema(isolated.stream.schema)
-    trainer = trained_trainer(schema, 3)
-    publisher = Publisher(isolated.mlflow, run_name="delta-retries")
-    version = publisher.publish(publish_base(trainer, tmp_path), trainer.step)
-    fetch = registry_fetch(isolated.mlflow.tracking_uri, isolated.mlflow.model_name, isolated.serving, schema)
-    served = fetch(None)
-    assert served is not None and served.version == version
-    blocker = Path(isolated.serving.cache_dir) / isolated.mlflow.model_name / version / "deltas"
+    schema, trainer, publisher, fetch, served = served_base(isolated, tmp_path, "delta-retries")
+    blocker = Path(isolated.serving.cache_dir) / isolated.mlflow.model_name / served.version / "deltas"
 
     for sequence in (1, 2):
         learn_more(trainer, schema, 100 * sequence, 1)
