@@ -119,8 +119,9 @@ def registry_fetch(tracking_uri: str, model_name: str, settings: ServingSettings
             try:
                 path = download_delta(tracking_uri, ref, sequence, settings.cache_dir)
             except Exception:  # transient until it has failed DELTA_DOWNLOAD_TRIES polls
-                tries = failed_downloads[(ref.version, sequence)] = failed_downloads.get((ref.version, sequence), 0) + 1
-                if tries >= DELTA_DOWNLOAD_TRIES:
+                key = (ref.version, sequence)
+                failed_downloads[key] = failed_downloads.get(key, 0) + 1
+                if failed_downloads[key] >= DELTA_DOWNLOAD_TRIES:
                     stuck.add(ref.version)
                 if fresh is not None:
                     return fresh

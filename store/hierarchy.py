@@ -152,6 +152,11 @@ class TieredStore:
             out[where[~known]] = self.io.contains(ids[where[~known]])
         return out
 
+    @property
+    def prefetches(self) -> bool:
+        """Whether `prefetch` reads ahead (config.pipelined); the serial store ignores it."""
+        return self.config.pipelined
+
     def prefetch(self, ids: np.ndarray) -> None:
         """The next batch's ids (any shape, repeats allowed), called after this batch's `read`:
         start reading the rows neither the device nor the RAM tier holds from RocksDB in the

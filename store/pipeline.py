@@ -73,11 +73,10 @@ class RocksPipeline:
 
     # --- reads ----------------------------------------------------------------------------
     def prefetch(self, ids: np.ndarray) -> None:
-        """Start reading ids (those the caches do not hold) in the background; replaces the
-        earlier prefetch."""
+        """Start reading ids (sorted, unique: those the caches do not hold) in the background;
+        replaces the earlier prefetch."""
         if self._io is None or not len(ids):
             return
-        ids = np.unique(ids)
         self._staged = _Staged(ids, self._io.submit(self._timed_read, ids))
         self.counters["prefetches"] += 1
 

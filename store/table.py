@@ -211,8 +211,7 @@ class EmbeddingTable:
     @property
     def prefetches(self) -> bool:
         """Whether `prefetch` does anything: the tier reads ahead (a pipelined hierarchy)."""
-        config = getattr(self.tier, "config", None)
-        return hasattr(self.tier, "prefetch") and bool(getattr(config, "pipelined", False))
+        return bool(getattr(self.tier, "prefetches", False))
 
     def prefetch(self, ids: np.ndarray) -> None:
         """ids of the batch after the next lookup's (any shape): the tier starts reading their rows
