@@ -5,7 +5,9 @@
   that stalls is charged for the queue it builds), with one event per request, and with 64 at a
   tenth of the rate (6.4x the single-event load's events per second). The
   baseline is the same publication behind `mlflow models serve` (bench/pyfunc_model.py: the same
-  predict functions as a pyfunc model) at the same load.
+  predict functions as a pyfunc model) at the same load. With 2+ cores the server under test
+  (ours or the baseline) runs on core 0 and the load generator on the others: in production the
+  clients are other machines, and a generator sharing the server's core charges it for its own CPU.
 - hot swaps: the single-event load again while 3 new bases are published; requests that failed.
 - freshness, on the local stack as in production (Faust featurizer, trainer, server, each its own
   process): events are produced with their time set to now; an event's freshness is the first
@@ -121,10 +123,32 @@ async def _open_loop(url: str, bodies: list[bytes], rate: float, seconds: float,
 
 
 # --- processes ---------------------------------------------------------------------------------
-def _serve_main(settings: ServingSettings, schema_path: str, tracking_uri: str, model_name: str, log: str) -> None:
+SERVER_CORES = {0}  # the server under test; the load generator gets the rest (with 2+ cores)
+
+
+def _pin_load_generator() -> dict[str, Any]:
+    """Keep this process (the load generator) off SERVER_CORES; what was pinned where."""
+    cores = set(range(os.cpu_count() or 1)) - SERVER_CORES
+    if not cores or not hasattr(os, "sched_setaffinity"):
+        return {"server_cores": None, "load_cores": None}
+    os.sched_setaffinity(0, cores)
+    return {"server_cores": sorted(SERVER_CORES), "load_cores": sorted(cores)}
+
+
+def _pin_server() -> None:
+    """In a server process (or before `mlflow models serve` starts its workers): SERVER_CORES only."""
+    if (os.cpu_count() or 1) > len(SERVER_CORES) and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, SERVER_CORES)
+
+
+def _serve_main(
+    settings: ServingSettings, schema_path: str, tracking_uri: str, model_name: str, log: str, pin: bool = False
+) -> None:
     from serving.app import run_server
 
     redirect_output(log)
+    if pin:
+        _pin_server()
     run_server(settings, load_schema(schema_path), tracking_uri, model_name)
 
 
@@ -235,7 +259,7 @@ def _mlflow_baseline(publication: Path, schema_path: str, mlflow: MlflowSettings
     cmd = [sys.executable, "-m", "mlflow", "models", "serve", "-m", info.model_uri, "--env-manager", "local"]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     log = open(log_dir / "mlflow-serve.log", "ab")  # noqa: SIM115 (lives as long as the process)
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env, preexec_fn=_pin_server)
     url = f"http://127.0.0.1:{port}"
     _wait_http(f"{url}/ping", "mlflow models serve", 180, lambda: proc.poll() is None)
     return proc, url
@@ -424,10 +448,12 @@ def run_serving_bench(
     ours = replace(serving, port=free_port(), cache_dir=str(work / "cache"))
     server = context.Process(
         target=_serve_main,
-        args=(ours, schema_path, mlflow.tracking_uri, mlflow.model_name, str(log_dir / "serve.log")),
+        args=(ours, schema_path, mlflow.tracking_uri, mlflow.model_name, str(log_dir / "serve.log"), True),
     )
     server.start()
     baseline = None
+    all_cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    result.update(_pin_load_generator())
     try:
         url = f"http://{ours.host}:{ours.port}"
         _wait_http(f"{url}/model", "adstream serve", 120, server.is_alive)
@@ -468,6 +494,8 @@ def run_serving_bench(
         if baseline is not None:
             baseline.terminate()
             baseline.wait(30)
+        if all_cores is not None:
+            os.sched_setaffinity(0, all_cores)  # the freshness stack below runs on every core
 
     say(f"bench serving: publish bytes at {rows:,} rows")
     result["publish_bytes"] = publish_bytes(schema, trainer_settings, rows, work / "bytes")

@@ -113,6 +113,8 @@ def registry_fetch(tracking_uri: str, model_name: str, settings: ServingSettings
             return None
         else:
             fresh = None
+        if ref.delta is not None and ref.delta <= current.sequence:
+            return fresh  # the publisher's tag says there is no newer delta: no listing
         for sequence in list_deltas(tracking_uri, ref):
             if sequence <= current.sequence:
                 continue
@@ -144,7 +146,9 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> FastA
     holder = ModelHolder()
     token = settings.token or os.environ.get("ADSTREAM_SERVING_TOKEN", "")
 
-    def authorized(request: Request) -> None:
+    # the dependencies are `async def`: FastAPI runs a plain `def` dependency on its thread pool,
+    # two thread hops per request that cost more than the prediction itself
+    async def authorized(request: Request) -> None:
         """With a token set: 401 unless the request carries it (compared in constant time)."""
         if not token:
             return
@@ -194,7 +198,7 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> FastA
     app = FastAPI(title="adstream serving", lifespan=lifespan)
     app.state.holder = holder
 
-    def get_holder() -> ModelHolder:
+    async def get_holder() -> ModelHolder:
         return holder
 
     app.state.get_holder = get_holder

@@ -1,14 +1,22 @@
 """Which publication to serve: resolve an alias in the MLflow model registry, download its artifacts,
-and list and download the deltas published after that base (trainer/publish.py has the layout)."""
+and list and download the deltas published after that base (trainer/publish.py has the layout).
+
+Serving polls every second or so, on the machine that answers requests, so a quiet poll is one
+registry call on a client made once: the publisher tags each version with the newest delta it
+uploaded (DELTA_TAG), and the deltas folder is listed only when that tag is ahead of what is served.
+"""
 
 from __future__ import annotations
 
 import shutil
 import tempfile
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from serving.errors import ServingError
+from trainer.publish import DELTA_TAG
 from trainer.snapshot import MANIFEST, is_complete
 
 
@@ -18,14 +26,21 @@ class VersionRef:
     version: str
     source: str  # artifact URI of the snapshot folder
     run_id: str
+    delta: int | None = None  # the newest delta uploaded after this base (DELTA_TAG); None: untagged, list to know
+
+
+@lru_cache(maxsize=4)
+def _client(tracking_uri: str) -> Any:
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri)
 
 
 def resolve(tracking_uri: str, name: str, alias: str) -> VersionRef | None:
     """The version behind `alias` (or the highest version for "latest"); None if there is none yet."""
-    from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    client = MlflowClient(tracking_uri)
+    client = _client(tracking_uri)
     try:
         if alias == "latest":
             versions = client.search_model_versions(f"name = '{name}'")
@@ -38,7 +53,8 @@ def resolve(tracking_uri: str, name: str, alias: str) -> VersionRef | None:
         if "RESOURCE_DOES_NOT_EXIST" in str(exc.error_code) or "not found" in str(exc).lower():
             return None
         raise ServingError(f"registry at {tracking_uri}: {exc}") from None
-    return VersionRef(name, str(mv.version), str(mv.source), str(mv.run_id))
+    delta = (mv.tags or {}).get(DELTA_TAG)
+    return VersionRef(name, str(mv.version), str(mv.source), str(mv.run_id), int(delta) if delta else None)
 
 
 def download(tracking_uri: str, ref: VersionRef, cache_dir: str | Path) -> Path:

@@ -55,6 +55,12 @@ class FrozenTier:
 
     def read(self, ids: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
         arrays = self._arrays  # read once: a concurrent apply swaps the pair, never half of it
+        if not len(arrays.extra_ids):  # serving's common case, one gather (its hot path: no masks)
+            pos, hit = find_sorted(arrays.base_ids, ids)
+            if len(arrays.base_dead):
+                hit &= ~arrays.base_dead[pos]
+            if hit.all():
+                return arrays.base_rows.index_select(0, torch.from_numpy(pos)), hit
         out = torch.zeros((len(ids), self.width), dtype=torch.float32)
         found = np.zeros(len(ids), dtype=bool)
         for sorted_ids, rows, dead in (

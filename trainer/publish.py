@@ -7,7 +7,8 @@ Layout in the run's artifacts:
 
 Deltas are not registry versions (a version every few seconds would flood the registry): serving
 finds them by listing the folder of the version it serves. A delta's manifest is uploaded after
-its data, so a delta whose manifest is listed is whole.
+its data, so a delta whose manifest is listed is whole; then the version's DELTA_TAG is set to its
+sequence, so a serving poll learns "nothing new" from the one registry call it makes anyway.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from trainer.source import BatchSource
 
 log = logging.getLogger("adstream.trainer")
+DELTA_TAG = "adstream.delta"  # model version tag: the sequence of the newest delta uploaded after the base
 
 
 class Publisher:
@@ -58,6 +60,7 @@ class Publisher:
             ) from None
         self.base_path: str | None = None  # artifact path of the base deltas apply to (None: send a base)
         self.base_step = 0  # that base's step
+        self.version = ""  # that base's registry version
         self.sequence = 0  # the last delta sent after it
         if run_id:
             try:
@@ -93,9 +96,10 @@ class Publisher:
         if not self._model_exists(name):
             self.client.create_registered_model(name)
         source = f"{self.run.info.artifact_uri}/{artifact_path}"
-        version = self.client.create_model_version(name, source=source, run_id=self.run_id)
+        version = self.client.create_model_version(name, source=source, run_id=self.run_id, tags={DELTA_TAG: "0"})
         self.client.set_registered_model_alias(name, self.settings.alias, version.version)
         self.base_path, self.base_step, self.sequence = artifact_path, step, 0
+        self.version = str(version.version)
         log.info("published %s version %s (step %d)", name, version.version, step)
         return str(version.version)
 
@@ -109,6 +113,7 @@ class Publisher:
             files = sorted(f for f in folder.iterdir() if f.name != MANIFEST)
             for file in [*files, folder / MANIFEST]:
                 self.client.log_artifact(self.run_id, str(file), target)
+            self.client.set_model_version_tag(self.settings.model_name, self.version, DELTA_TAG, str(sequence))
         except BaseException:
             self.base_path = None
             raise

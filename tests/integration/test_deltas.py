@@ -37,10 +37,15 @@ def served_base(config: Config, tmp_path: Path, run_name: str):
     return schema, trainer, publisher, fetch, served
 
 
-def test_serving_follows_base_and_deltas_and_refuses_a_gap(isolated: Config, tmp_path: Path):
+def test_serving_follows_base_and_deltas_and_refuses_a_gap(isolated: Config, tmp_path: Path, monkeypatch):
+    import serving.app
+
+    listings = []  # a quiet poll is one registry call: the deltas folder is listed only when the tag moved
+    real_list_deltas = serving.app.list_deltas
+    monkeypatch.setattr(serving.app, "list_deltas", lambda *a: listings.append(a) or real_list_deltas(*a))
     schema, trainer, publisher, fetch, served = served_base(isolated, tmp_path, "deltas")
     version = served.version
-    assert fetch(served) is None  # nothing newer
+    assert fetch(served) is None and not listings  # nothing newer, and the version's tag said so
 
     for sequence, first in ((1, 150), (2, 250)):
         learn_more(trainer, schema, first, 2)
@@ -53,6 +58,8 @@ def test_serving_follows_base_and_deltas_and_refuses_a_gap(isolated: Config, tmp
     )
     late = fetch(None)  # a server starting now: the base, then every delta
     assert late is not None and late.sequence == 2
+    listings.clear()
+    assert fetch(served) is None and not listings
 
     # a delta still being uploaded (a trainer killed mid-upload leaves the same): its data is there,
     # its manifest (sent last) is not. It is invisible: no error, the model stays

@@ -1,7 +1,9 @@
 """Faults on the real broker, MLflow and processes: the broker SIGKILLed and restarted in the
 middle of a replay (the replay finishes by itself and every event is on the topic exactly once:
 the idempotent producer retries what was in flight and the broker drops the duplicates); the
-publishing trainer SIGKILLed in the middle of a delta (serving never sees a torn one)."""
+broker SIGKILLed and restarted under a running featurizer and trainer (both carry on by themselves
+and every event is learned); the publishing trainer SIGKILLed in the middle of a delta (serving
+never sees a torn one)."""
 
 from __future__ import annotations
 
@@ -17,14 +19,16 @@ import pytest
 
 from adstream import stack as local_stack
 from adstream.processes import pid_alive, port_open
+from stream.batch_codec import decode_batch
 from stream.replay import replay, synthetic_records
 from stream.schema import load_schema
 from stream.synthetic import SyntheticCriteo
 from stream.topics import ensure_topics
-from tests.integration.helpers import drain
+from tests.integration.helpers import drain, start_cli, stop_process
 
 pytestmark = pytest.mark.integration
 EVENTS = 60_000
+HALF = 10_000  # events replayed before the broker kill, and again after it
 
 
 def test_replay_survives_a_broker_kill_with_every_event_once(isolated, tmp_path):
@@ -43,19 +47,7 @@ def test_replay_survives_a_broker_kill_with_every_event_once(isolated, tmp_path)
     producer = threading.Thread(target=run)
     producer.start()
     time.sleep(2.0)  # a part of the events is on the broker, the rest to come
-    state = Path(isolated.stack.state_dir)
-    pid = pid_alive(state / "kafka.pid")
-    assert pid, "the test broker is not running"
-    os.kill(pid, signal.SIGKILL)
-    try:  # the test session started the broker: reap it, or its zombie still looks alive to `up`
-        os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass
-    deadline = time.monotonic() + 30
-    while port_open(isolated.stack.kafka_port) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    time.sleep(1.0)
-    local_stack.up(isolated.stack, kafka)  # the broker comes back on its own data
+    restart_broker(isolated)
     producer.join(240)
     assert not producer.is_alive() and "error" not in done, done.get("error")
     assert done["summary"].events == EVENTS  # type: ignore[attr-defined]
@@ -64,6 +56,75 @@ def test_replay_survives_a_broker_kill_with_every_event_once(isolated, tmp_path)
     ids = [m.key() for m in drain(kafka.bootstrap, kafka.events_topic, lambda m: len(m) >= EVENTS, 120, group)]
     assert len(set(ids)) == EVENTS  # every event
     assert topic_size(kafka) == EVENTS  # and nothing twice: the log holds exactly that many records
+
+
+def restart_broker(config) -> None:
+    """SIGKILL the test broker, wait until its port is closed, start it again on its own data."""
+    state = Path(config.stack.state_dir)
+    pid = pid_alive(state / "kafka.pid")
+    assert pid, "the test broker is not running"
+    os.kill(pid, signal.SIGKILL)
+    try:  # the test session started the broker: reap it, or its zombie still looks alive to `up`
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+    deadline = time.monotonic() + 30
+    while port_open(config.stack.kafka_port) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)
+    local_stack.up(config.stack, config.kafka)
+
+
+def test_featurizer_and_trainer_carry_on_through_a_broker_kill(isolated, tmp_path):
+    """The featurizer (its own process) and the trainer keep running while the broker is killed and
+    restarted; the events replayed before and after all reach the batches topic and the trainer
+    learns every batch record on it, each once (its offsets), without being restarted."""
+    from trainer.loop import run_training
+
+    schema = load_schema()
+    kafka = isolated.kafka
+    ensure_topics(kafka)
+    events, _ = SyntheticCriteo(schema).generate(2 * HALF)
+    config = replace(isolated, trainer=replace(isolated.trainer, group_id=f"t-{uuid.uuid4().hex[:6]}"))
+    worker, log = start_cli(config, tmp_path, "stream")
+    learned: dict[str, object] = {}
+
+    def train() -> None:
+        try:
+            learned["summary"] = run_training(
+                schema, kafka, config.trainer, config.mlflow, idle_exit_s=45, progress=False
+            )
+        except Exception as exc:  # reported below
+            learned["error"] = exc
+
+    trainer = threading.Thread(target=train)
+    try:
+        assert replay(synthetic_records(events[:HALF], schema), kafka, progress=False).events == HALF
+        trainer.start()
+        wait_for_batches(kafka, HALF, 120)  # the first half is featurized before the broker dies
+        restart_broker(isolated)
+        assert replay(synthetic_records(events[HALF:], schema), kafka, progress=False).events == HALF
+        trainer.join(300)
+        assert worker.poll() is None, f"the featurizer died:\n{log.read_text()[-3000:]}"
+    finally:
+        stop_process(worker)
+    assert not trainer.is_alive() and "error" not in learned, learned.get("error")
+    batches = [decode_batch(m.value()) for m in wait_for_batches(kafka, 2 * HALF, 60)]
+    ids = {e for b in batches for e in b.event_ids}
+    assert ids == {str(e[schema.event_id]) for e in events}, f"featurizer log:\n{log.read_text()[-3000:]}"
+    # at-least-once upstream (a batch written just before the kill may be written again), exactly
+    # once in the trainer: it learned every batch record on the topic, none twice
+    assert learned["summary"].events == sum(len(b) for b in batches)  # type: ignore[attr-defined]
+
+
+def wait_for_batches(kafka, events: int, timeout_s: float) -> list:
+    """The batch records on the topic once they hold `events` distinct events (or the timeout)."""
+
+    def distinct(messages) -> int:
+        return len({e for m in messages for e in decode_batch(m.value()).event_ids})
+
+    group = f"b-{uuid.uuid4().hex[:6]}"
+    return drain(kafka.bootstrap, kafka.batches_topic, lambda m: distinct(m) >= events, timeout_s, group)
 
 
 def topic_size(kafka) -> int:
