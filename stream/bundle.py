@@ -362,20 +362,27 @@ def featurize_arrow_bundle(record: RawRecord, schema: Schema) -> tuple[FeatureBa
         rows = table.to_pylist()
         for i in np.nonzero(~ok)[0]:
             rejected.append(Rejected(record.partition, record.offset, orjson.dumps(rows[i]), str(checked.reasons[i])))
-    c = checked
+    n = len(ok)
+    partitions, offsets = np.full(n, record.partition, dtype=np.int32), np.full(n, record.offset, dtype=np.int64)
+    return checked_features(checked, ok, partitions, offsets, schema), rejected
+
+
+def checked_features(
+    c: CheckedTable, ok: np.ndarray, partitions: np.ndarray, offsets: np.ndarray, schema: Schema
+) -> FeatureBatch:
+    """The rows kept by ok bool (n,) of a checked table, featurized; partitions int32 (n,) and
+    offsets int64 (n,) are each row's source record."""
     ids, dense = features_from_columns(
         c.ints[ok], c.int_missing[ok], c.cats[ok], c.cat_missing[ok], schema, c.floats[ok], c.float_missing[ok]
     )
-    m = int(ok.sum())
-    batch = FeatureBatch(
+    return FeatureBatch(
         labels=c.label[ok].astype(np.float32),
         dense=dense,
         ids=ids,
         ts=c.ts[ok].astype(np.int64),
         event_ids=tuple(e for e, keep in zip(c.event_ids, ok) if keep),
-        partitions=np.full(m, record.partition, dtype=np.int32),
-        offsets=np.full(m, record.offset, dtype=np.int64),
+        partitions=partitions[ok].astype(np.int32),
+        offsets=offsets[ok].astype(np.int64),
         schema_hash=schema.hash,
         lists=tuple(take_rows(starts, ids, ok) for starts, ids in c.lists),
     )
-    return batch, rejected

@@ -20,11 +20,15 @@ from stream.schema import Schema
 
 def decode_event(raw: bytes | str, schema: Schema, require_label: bool = True) -> Event:
     """Parse one JSON object into an Event; raises DecodeError."""
+    return event_from_mapping(parse_json(raw), schema, require_label)
+
+
+def parse_json(raw: bytes | str) -> Any:
+    """The JSON value of one event's text; raises DecodeError."""
     try:
-        obj = orjson.loads(raw)
+        return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise DecodeError("", f"not valid JSON ({exc})") from None
-    return event_from_mapping(obj, schema, require_label)
 
 
 def event_from_mapping(obj: Any, schema: Schema, require_label: bool = True) -> Event:

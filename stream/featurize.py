@@ -171,16 +171,19 @@ def featurize_records(records: Sequence[RawRecord], schema: Schema) -> tuple[Fea
     """Kafka records -> one batch of the good events + the rejects (each with a reason).
 
     A record holds one JSON event, a bundle of newline-separated JSON events, or an Arrow bundle
-    (see bundle.py). The Faust agent is a thin shell around this function.
+    (see bundle.py). The JSON events of all the records are checked and featurized together
+    (json_batch.py), then the Arrow bundles'. The Faust agent is a thin shell around this function.
     """
     from stream.bundle import featurize_arrow_bundle, is_arrow_bundle
-    from stream.decode import decode_event, split_bundle
+    from stream.decode import parse_json, split_bundle
     from stream.errors import DecodeError
+    from stream.json_batch import featurize_json_events
 
     parts: list[FeatureBatch] = []
-    good: list[Event] = []
-    parts_idx: list[int] = []
-    offs: list[int] = []
+    objs: list[object] = []
+    lines: list[bytes] = []
+    partitions: list[int] = []
+    offsets: list[int] = []
     rejected: list[Rejected] = []
     for record in records:
         if is_arrow_bundle(record.value):
@@ -192,16 +195,19 @@ def featurize_records(records: Sequence[RawRecord], schema: Schema) -> tuple[Fea
         for line in split_bundle(record.value):
             empty = False
             try:
-                good.append(decode_event(line, schema))
+                objs.append(parse_json(line))
             except DecodeError as exc:
                 rejected.append(Rejected(record.partition, record.offset, line, str(exc)))
                 continue
-            parts_idx.append(record.partition)
-            offs.append(record.offset)
+            lines.append(line)
+            partitions.append(record.partition)
+            offsets.append(record.offset)
         if empty:
             rejected.append(Rejected(record.partition, record.offset, record.value, "record: empty"))
-    if good:
-        parts.insert(0, featurize(good, schema, parts_idx, offs))
+    if objs:
+        batch, bad = featurize_json_events(objs, lines, partitions, offsets, schema)
+        parts.insert(0, batch)
+        rejected.extend(bad)
     if not parts:
         return FeatureBatch.empty(schema.num_dense, schema.num_sparse, schema.hash, len(schema.list_fields)), rejected
     return FeatureBatch.concat(parts), rejected

@@ -126,19 +126,19 @@ def test_a_record_that_crashes_featurize_costs_only_itself(schema, monkeypatch):
     reach the batch."""
     import orjson
 
-    import stream.featurize as featurize_module
+    import stream.bundle as bundle_module
     from stream.featurize import featurize_isolating
     from stream.records import RawRecord
     from tests.helpers import criteo_event
 
-    real = featurize_module.featurize
+    real = bundle_module.checked_features  # where JSON events are featurized (json_batch.py)
 
-    def fragile(events, schema, *args, **kwargs):
-        if any(e.event_id == "e3" for e in events):
+    def fragile(checked, *args, **kwargs):
+        if "e3" in checked.event_ids:
             raise OverflowError("a value no rule caught")
-        return real(events, schema, *args, **kwargs)
+        return real(checked, *args, **kwargs)
 
-    monkeypatch.setattr(featurize_module, "featurize", fragile)
+    monkeypatch.setattr(bundle_module, "checked_features", fragile)
     records = [RawRecord(0, i, orjson.dumps(criteo_event(i))) for i in range(6)]
     batch, rejected = featurize_isolating(records, schema)
     assert list(batch.event_ids) == ["e0", "e1", "e2", "e4", "e5"]
