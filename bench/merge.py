@@ -2,7 +2,9 @@
 
 For each dataset (the synthetic stream, whose true click probabilities are known, and the real
 Criteo rows), workers in {1, 2, 4} x k in {1, 4, 16, 64}, plus a synchronous data-parallel run
-(gradient all-reduce every step, reported as k = 0) per worker count. The stream is dealt out
+(gradient all-reduce every step, reported as k = 0) per worker count, and the same synchronous run
+with the rows sharded across the workers (layout "sharded", trainer/shard.py: the same model, each
+worker holding only the rows it owns; rows_per_replica says how many). The stream is dealt out
 round-robin, batch i to replica i mod N (as partitions are), and every replica scores each batch
 before learning it; AUC and logloss are over all replicas' predictions. One worker has nothing to
 merge, so it runs once per mode (k = 1 and k = 0).
@@ -61,8 +63,9 @@ def _save(batches: list[FeatureBatch], path: Path) -> None:
     )
 
 
-def _replica(data: str, settings: TrainerSettings, k: int, schema_name: str) -> dict[str, Any]:
-    """One replica of a bench run (spawned): learn its share of the batches, merge every k rounds."""
+def _replica(data: str, settings: TrainerSettings, k: int, schema_name: str, sharded: bool) -> dict[str, Any]:
+    """One replica of a bench run (spawned): learn its share of the batches, merge every k rounds
+    (k = 0: synchronous steps; sharded: synchronous steps over rows sharded across the replicas)."""
     import torch.distributed as dist
 
     from trainer.loop import Control
@@ -89,7 +92,9 @@ def _replica(data: str, settings: TrainerSettings, k: int, schema_name: str) -> 
         )
         mine = Round.vector(events=len(batch), idle=False, merge_due=False, snapshot_due=False)
         state, act = decide(state, Round.from_sum(control.sum(mine)), schedule)
-        if k == 0:
+        if sharded:
+            prob, _ = trainer.learn_sharded(batch)
+        elif k == 0:
             prob, _ = trainer.learn_sync(batch)
         else:
             prob = trainer.learn(batch).probs
@@ -104,19 +109,22 @@ def _replica(data: str, settings: TrainerSettings, k: int, schema_name: str) -> 
         "probs": np.concatenate(probs),
         "bytes": trainer.bytes_sent,
         "wall_s": time.perf_counter() - started,
+        "rows_held": len(trainer.table),
     }
 
 
-def _run(data: Path, settings: TrainerSettings, workers: int, k: int, schema_name: str) -> dict[str, Any]:
+def _run(data: Path, settings: TrainerSettings, workers: int, k: int, schema_name: str, layout: str) -> dict[str, Any]:
     threads = max(1, (os.cpu_count() or 1) // workers)
     config = with_changes(settings, {"threads": threads, "group.merge_every_steps": k})
-    replicas = launch_local(_replica, workers, str(data), config, k, schema_name)
+    replicas = launch_local(_replica, workers, str(data), config, k, schema_name, layout == "sharded")
     labels = np.concatenate([r["labels"] for r in replicas])
     probs = np.concatenate([r["probs"] for r in replicas])
     wall = max(r["wall_s"] for r in replicas)
     return {
         "workers": workers,
         "k": k,
+        "layout": layout,  # "replicated": every replica its own rows; "sharded": each row on one owner
+        "rows_per_replica": [int(r["rows_held"]) for r in replicas],
         "auc": auc_exact(labels, probs),
         "logloss": logloss(labels, probs),
         "bytes": int(sum(r["bytes"] for r in replicas)),
@@ -131,9 +139,11 @@ def _checks(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for dataset in sorted({r["dataset"] for r in runs}):
         for workers in (2, 4):
-            by_k = {r["k"]: r for r in runs if r["dataset"] == dataset and r["workers"] == workers}
+            mine = [r for r in runs if r["dataset"] == dataset and r["workers"] == workers]
+            by_k = {r["k"]: r for r in mine if r["layout"] == "replicated"}
             if not {0, 1, 16} <= by_k.keys():
                 continue
+            sharded = next((r for r in mine if r["layout"] == "sharded"), None)
             k1, k16, sync = by_k[1], by_k[16], by_k[0]
             out.append(
                 {
@@ -145,9 +155,20 @@ def _checks(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "within_0.002_of_k1": abs(k16["auc"] - k1["auc"]) <= 0.002,
                     "within_0.002_of_sync": abs(k16["auc"] - sync["auc"]) <= 0.002,
                     "bytes_cut_at_least_12x": k1["bytes"] >= 12 * k16["bytes"],
+                    **(_sharded_checks(sharded, sync) if sharded else {}),
                 }
             )
     return out
+
+
+def _sharded_checks(sharded: dict[str, Any], sync: dict[str, Any]) -> dict[str, Any]:
+    """Sharded rows vs replicated rows, both synchronous on the same batches: the same model, fewer rows a replica."""
+    return {
+        "sharded_auc_minus_sync": sharded["auc"] - sync["auc"],
+        "sharded_bytes_over_sync": sharded["bytes"] / max(sync["bytes"], 1),
+        "sharded_rows_per_replica_over_sync": max(sharded["rows_per_replica"]) / max(max(sync["rows_per_replica"]), 1),
+        "sharded_samples_per_s_over_sync": sharded["samples_per_s"] / sync["samples_per_s"],
+    }
 
 
 def run_merge_bench(
@@ -169,23 +190,25 @@ def run_merge_bench(
     if files:
         real = _features(log_records(files, schema, bundle=REAL_BATCH, fmt="arrow"), "criteo")
         datasets.append(("criteo", real, base))
-    plan = [(w, k) for w in workers for k in ((1, 0) if w == 1 else (*ks, 0))]
+    plan = [(w, k, "replicated") for w in workers for k in ((1, 0) if w == 1 else (*ks, 0))]
+    plan += [(w, 0, "sharded") for w in workers if w > 1]
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp, Progress(disable=not progress) as bar:
         task = bar.add_task("bench merge", total=len(plan) * len(datasets))
         for name, batches, settings in datasets:
             data = Path(tmp) / f"{name}.npz"
             _save(batches, data)
-            for w, k in plan:
-                runs.append({"dataset": name, **_run(data, settings, w, k, "criteo")})
-                bar.update(task, advance=1, description=f"{name} workers={w} k={k}")
+            for w, k, layout in plan:
+                runs.append({"dataset": name, **_run(data, settings, w, k, "criteo", layout)})
+                bar.update(task, advance=1, description=f"{name} workers={w} k={k} {layout}")
     return {
         "cores": os.cpu_count(),
         "torch": torch.__version__,
         "synthetic_events": events,
         "synthetic_batch_size": batch_size,
         "criteo_batch_size": REAL_BATCH,
-        "note": "k=0 is synchronous data parallel; one worker runs k=1 (nothing to merge) and k=0",
+        "note": "k=0 is synchronous data parallel (layout sharded: over rows sharded across the workers); "
+        "one worker runs k=1 (nothing to merge) and k=0",
         "runs": runs,
         "checks": _checks(runs),
     }

@@ -1,4 +1,5 @@
-"""`adstream bench merge` keeps its JSON contract (a tiny grid; the figures themselves are not tested)."""
+"""`adstream bench merge` keeps its JSON contract (a tiny grid; the speed figures themselves are not
+tested; that sharded rows give the synchronous model is)."""
 
 from bench.merge import run_merge_bench
 
@@ -7,19 +8,25 @@ def test_bench_merge_reports_every_run_of_the_grid(tmp_path):
     result = run_merge_bench(
         events=6000, criteo_dir=str(tmp_path / "none"), batch_size=500, workers=(1, 2), ks=(1, 16), progress=False
     )
-    grid = {(r["dataset"], r["workers"], r["k"]) for r in result["runs"]}
+    grid = {(r["dataset"], r["workers"], r["k"], r["layout"]) for r in result["runs"]}
     assert grid == {
-        ("synthetic", 1, 1),
-        ("synthetic", 1, 0),
-        ("synthetic", 2, 1),
-        ("synthetic", 2, 16),
-        ("synthetic", 2, 0),
+        ("synthetic", 1, 1, "replicated"),
+        ("synthetic", 1, 0, "replicated"),
+        ("synthetic", 2, 1, "replicated"),
+        ("synthetic", 2, 16, "replicated"),
+        ("synthetic", 2, 0, "replicated"),
+        ("synthetic", 2, 0, "sharded"),
     }
     for run in result["runs"]:
         assert {"dataset", "workers", "k", "auc", "logloss", "bytes", "wall_s", "samples_per_s"} <= run.keys()
         assert 0.0 <= run["auc"] <= 1.0 and run["samples_per_s"] > 0
         assert (run["bytes"] > 0) == (run["workers"] > 1)  # one worker sends nothing
-    by_k = {r["k"]: r for r in result["runs"] if r["workers"] == 2}
+    by_k = {r["k"]: r for r in result["runs"] if r["workers"] == 2 and r["layout"] == "replicated"}
     assert by_k[1]["bytes"] > by_k[16]["bytes"]  # merging less often sends less
     (check,) = result["checks"]
     assert check["bytes_k1_over_k16"] == by_k[1]["bytes"] / by_k[16]["bytes"]
+    # sharded rows: the same synchronous model as replicated rows, each replica holding part of them
+    (sharded,) = [r for r in result["runs"] if r["layout"] == "sharded"]
+    assert abs(check["sharded_auc_minus_sync"]) < 1e-4
+    assert sum(sharded["rows_per_replica"]) == max(by_k[0]["rows_per_replica"])  # each row on exactly one owner
+    assert check["sharded_rows_per_replica_over_sync"] < 0.7

@@ -240,12 +240,14 @@ def test_sparse_merge_disjoint_overlapping_new_and_expired_rows():
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_a_lone_synchronous_step_equals_a_local_step(optimizer):
-    """Without a group every collective is the identity: learn_sync == learn, rows included."""
+@pytest.mark.parametrize("method", ["learn_sync", "learn_sharded"])
+def test_a_lone_synchronous_step_equals_a_local_step(optimizer, method):
+    """Without a group every collective is the identity: learn_sync == learn, rows included; and
+    sharded over a group of one, the shard is the whole table."""
     local, sync = Trainer(SCHEMA, settings(optimizer)), Trainer(SCHEMA, settings(optimizer))
     for batch in make_batches(seed=3):
         expected = local.learn(batch).probs
-        probs, stats = sync.learn_sync(batch)
+        probs, stats = getattr(sync, method)(batch)
         np.testing.assert_allclose(probs, expected, atol=1e-6)
         assert stats.bytes == 0
     assert_states_close(state(sync), state(local))

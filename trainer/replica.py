@@ -40,6 +40,7 @@ from trainer.metrics import ProgressiveMetrics
 from trainer.model import CtrModel, ModelConfig
 from trainer.optim import wide_deep_optimizer
 from trainer.settings import FAMILY_DEFAULTS, TrainerSettings
+from trainer.shard import ShardedTable
 from trainer.snapshot import (
     Manifest,
     load_optimizer_state,
@@ -145,6 +146,8 @@ class Trainer:
         self.table_config = table_config(self.model_config, settings)
         tier = make_tier(settings, row_width(self.table_config.dim), self.rank)
         self.table = EmbeddingTable(tier, self.table_config, shared_ids(schema))
+        # the group's rows sharded by owner (learn_sharded): this replica's table holds its shard only
+        self.shards = ShardedTable(self.table)
         self.metrics = ProgressiveMetrics(window=settings.metrics_window)
         self.step = 0
         self.events = 0
@@ -229,6 +232,32 @@ class Trainer:
         sparse_bytes += share_sightings(self.table)
         self.table.apply_grad(union, avg_grad, self.step)
         stats = MergeStats(dense_bytes, sparse_bytes, len(union), time.perf_counter() - comm_started)
+        self._count(stats, merge=False)
+        if batch is not None and probs is not None:
+            self._record(batch, probs, started)
+        return probs, stats
+
+    def learn_sharded(self, batch: Batch | None) -> tuple[np.ndarray | None, MergeStats]:
+        """A synchronous step with the rows sharded over the group (trainer/shard.py: each rank
+        stores and updates only the ids it owns, rows and gradients travel by all_to_all); equal
+        to `learn_sync` on the same batches. A replica without a batch this round takes part with
+        no ids. Collective. Returns this replica's predictions (B,) made before the update."""
+        started = time.perf_counter()
+        self.step += 1
+        self._set_lr()
+        self.optimizer.zero_grad(set_to_none=True)
+        sent_before, probs = self.shards.bytes_sent, None
+        if batch is not None:
+            result, _, grad = backward(self.model, self.optimizer, self.shards, batch.to(self.device))
+            probs = result.probs
+        else:
+            self.shards.lookup(np.zeros(0, dtype=np.int64))
+            grad = torch.zeros((0, self.table.dim))
+        comm_started = time.perf_counter()
+        dense_bytes = average_grads(self.model) + average_buffers(self.model)
+        self.optimizer.step()
+        rows = self.shards.apply_grads(grad, self.step)
+        stats = MergeStats(dense_bytes, self.shards.bytes_sent - sent_before, rows, time.perf_counter() - comm_started)
         self._count(stats, merge=False)
         if batch is not None and probs is not None:
             self._record(batch, probs, started)

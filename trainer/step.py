@@ -7,14 +7,21 @@ before the step changes any weight, so each batch is scored before it is learned
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from store.table import EmbeddingTable
+from store.table import EmbeddingTable, Lookup
 from trainer.batch import Batch
 from trainer.model import CtrModel
+
+
+class Rows(Protocol):
+    """Where a step reads its rows: an EmbeddingTable, or a table sharded over the group (trainer/shard.py)."""
+
+    def lookup(self, ids: np.ndarray, device: torch.device | str = ..., columns: np.ndarray | None = ...) -> Lookup: ...
 
 
 @dataclass(frozen=True, eq=False)
@@ -23,7 +30,7 @@ class StepResult:
     loss: float  # mean binary cross-entropy of the batch
 
 
-def forward(model: CtrModel, table: EmbeddingTable, batch: Batch):  # type: ignore[no-untyped-def]
+def forward(model: CtrModel, table: Rows, batch: Batch):  # type: ignore[no-untyped-def]
     """Look up the batch's rows and run the model. Returns (logits (B,), lookup, leaf vectors (u, E+1)).
 
     The single-id fields give (B, F, E+1); each list field's values are pooled per event (mean or
@@ -59,7 +66,7 @@ def _leaf(vectors: torch.Tensor) -> torch.Tensor:
     return leaf.requires_grad_(True) if torch.is_grad_enabled() else leaf
 
 
-def backward(model: CtrModel, optimizer: torch.optim.Optimizer, table: EmbeddingTable, batch: Batch):  # type: ignore[no-untyped-def]
+def backward(model: CtrModel, optimizer: torch.optim.Optimizer, table: Rows, batch: Batch):  # type: ignore[no-untyped-def]
     """Score the batch and compute gradients, changing no weight yet. Returns (StepResult, lookup,
     row gradients (u, E+1) of the summed loss); the dense gradients are in the parameters' .grad."""
     model.train()

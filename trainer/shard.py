@@ -1,0 +1,136 @@
+"""Embedding rows sharded over the ranks of a group (the ranks of one node): each id has one owner.
+
+Replicated training (merge.py) keeps every row a rank saw on that rank: a node with 8 GPUs stores
+the table 8 times. Sharded, rank r holds only the ids the placement plan gives it
+(`store.placement.shard_of(id, ranks) == r`; every rank computes the same map), and a synchronous
+step moves rows to where the batch is and gradients back to where the row lives:
+
+  1. ids    each rank splits its batch's unique ids by owner and sends them there (all_to_all:
+            the counts, then the ids);
+  2. rows   each owner reads the ids it was sent from its own table (an unseen id: its initial
+            row) and sends their vectors back;
+  3. step   each rank scores and back-propagates its own batch with those vectors; the dense
+            gradients are averaged over the ranks, as in synchronous data parallel;
+  4. grads  each rank sends every row gradient back to the row's owner with a 1; the owner
+            averages a row's gradient over the ranks that touched it (merge.average_row_grads'
+            rule) and applies its sparse optimizer.
+
+So a sharded step equals a synchronous data-parallel step over replicated tables
+(`Trainer.learn_sync`) on the same batches, row for row (tests/test_shard.py), while each rank
+stores about 1/N of the rows. Every call here is a collective: all ranks call it together, a rank
+without a batch with no ids. On GPUs the same all_to_all runs over NCCL (which takes NVLink by
+itself); in the tests it runs over gloo on the CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from store.placement import shard_of
+from store.table import EmbeddingTable, Lookup
+from trainer.merge import alone, comm_device
+
+
+def exchange(parts: list[torch.Tensor]) -> tuple[list[torch.Tensor], int]:
+    """all_to_all of tensors of any length: parts[r] (n_r, ...) goes to rank r. Returns what each
+    rank sent here, by source rank, and the payload bytes this rank sent. Collective."""
+    if alone():
+        return [parts[0]], 0
+    device = comm_device()
+    sizes = [len(p) for p in parts]
+    received_sizes = torch.zeros(len(parts), dtype=torch.int64, device=device)
+    dist.all_to_all_single(received_sizes, torch.tensor(sizes, dtype=torch.int64, device=device))
+    counts = received_sizes.cpu().tolist()
+    received = torch.empty((sum(counts), *parts[0].shape[1:]), dtype=parts[0].dtype, device=device)
+    # one message, split along dim 0 (gloo's list form wants equal sizes)
+    dist.all_to_all_single(received, torch.cat(parts).to(device), counts, sizes)
+    sent = sum(p.numel() * p.element_size() for r, p in enumerate(parts) if r != dist.get_rank())
+    return list(received.cpu().split(counts)), sent
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where one lookup's ids went: this rank's unique ids (u,) in owner order, and how many went
+    to each rank; and the ids each rank sent here (this rank is their owner), by source rank."""
+
+    order: np.ndarray  # int64 (u,): positions of the unique ids, grouped by owner rank
+    counts: list[int]  # ids sent to each rank (sum = u)
+    served: list[np.ndarray]  # int64 ids received from each rank, in the order they came
+
+
+class ShardedTable:
+    """A rank's shard of the table (`local`, an EmbeddingTable over this rank's tier) behind the
+    lookup interface the step uses (`lookup` -> Lookup), plus `apply_grads` for step 4."""
+
+    def __init__(self, local: EmbeddingTable) -> None:
+        self.local = local
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.route: Route | None = None  # the last lookup's, for its gradients
+        self.bytes_sent = 0
+
+    @property
+    def dim(self) -> int:
+        return self.local.dim
+
+    def owners(self, ids: np.ndarray) -> np.ndarray:
+        """int64 (n,): the rank owning each id (the placement plan's shard map)."""
+        return shard_of(ids, self.world)
+
+    def lookup(self, ids: np.ndarray, device: torch.device | str = "cpu", columns: np.ndarray | None = None) -> Lookup:
+        """Steps 1-2: ids int64 (any shape) -> the Lookup of their rows, read from their owners.
+        Collective. (Frequency admission needs every sighting at the owner: not with sharding.)"""
+        unique, inverse = np.unique(ids.reshape(-1), return_inverse=True)
+        owner = self.owners(unique)
+        order = np.argsort(owner, kind="stable")
+        counts = np.bincount(owner, minlength=self.world).tolist()
+        asked, sent = exchange(list(torch.from_numpy(unique[order]).split(counts)))
+        served = [a.numpy() for a in asked]
+        # the owner's side: vectors of the ids it was sent (its own rows; unseen ids: their initial row)
+        wanted = np.concatenate(served) if served else np.zeros(0, np.int64)
+        rows, held = self.local.stored_rows(wanted)
+        if not held.all():
+            fresh = np.nonzero(~held)[0]
+            rows[torch.from_numpy(fresh)] = self.local.fresh_rows(wanted[fresh])
+        answers, sent_back = exchange(list(rows[:, : self.dim].split([len(s) for s in served])))
+        self.bytes_sent += sent + sent_back
+        vectors = torch.zeros((len(unique), self.dim))
+        vectors[torch.from_numpy(order)] = torch.cat(answers) if answers else vectors[:0]
+        self.route = Route(order, counts, served)
+        counts_per_id = torch.from_numpy(np.bincount(inverse.reshape(-1), minlength=len(unique)))
+        return Lookup(
+            unique_ids=unique,
+            inverse=torch.from_numpy(inverse.reshape(-1)).to(device),
+            vectors=vectors.to(device),
+            rows=vectors,  # the rows themselves stay with their owners (step 4 updates them there)
+            counts=counts_per_id,
+            waiting=np.zeros(0, np.int64),
+            new=0,
+        )
+
+    def apply_grads(self, grad: torch.Tensor, step: int) -> int:
+        """Step 4: grad (u, dim), the row gradients of the last lookup's unique ids, go to their
+        owners; each owner averages a row's over the ranks that sent one and takes one optimizer
+        step on it. Collective. Returns the rows this rank updated."""
+        route = self.route
+        if route is None:
+            raise RuntimeError("ShardedTable.apply_grads: no lookup to apply gradients to")
+        self.route = None
+        grad = grad.detach().cpu()
+        payload = torch.cat([grad[torch.from_numpy(route.order)], torch.ones((len(grad), 1))], dim=1)
+        received, sent = exchange(list(payload.split(route.counts)))
+        self.bytes_sent += sent
+        ids = np.concatenate(route.served) if route.served else np.zeros(0, np.int64)
+        if not len(ids):
+            return 0
+        union, where = np.unique(ids, return_inverse=True)
+        summed = torch.zeros((len(union), self.dim + 1)).index_add_(0, torch.from_numpy(where), torch.cat(received))
+        self.local.apply_grad(union, summed[:, :-1] / summed[:, -1:], step)
+        return len(union)
+
+
+__all__ = ["Route", "ShardedTable", "exchange"]
