@@ -12,9 +12,18 @@ import torch
 from store.placement import shard_of
 from stream.schema import load_schema
 from tests.test_merge import assert_states_close, make_batches, settings, state
+from trainer.errors import TrainerError
 from trainer.group import launch_local
 from trainer.replica import Trainer
+from trainer.settings import GroupSettings
 from trainer.shard import exchange
+from trainer.snapshot import read_embeddings
+
+
+def sharded_settings(sparse: str = "ftrl"):
+    from dataclasses import replace
+
+    return replace(settings("adam", sparse), shard_within_node=True, group=GroupSettings(merge_every_steps=0))
 
 
 def without_rows(s: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -70,6 +79,37 @@ def exchange_case() -> list[list[float]]:
     return [r.tolist() for r in received]
 
 
+def snapshot_delta_and_restore(root: str) -> dict:
+    """Sharded ranks write one whole snapshot (rank 0, from every rank's rows) and a delta of
+    every rank's changes; fresh sharded ranks restore the snapshot and keep their own ids."""
+    import torch.distributed as dist
+
+    rank, schema = dist.get_rank(), load_schema("criteo")
+    syncing, sharded = Trainer(schema, settings("adam", "ftrl")), Trainer(schema, sharded_settings())
+    batches = make_batches(seed=rank, steps=4)
+    for batch in batches[:3]:
+        syncing.learn_sync(batch)
+        sharded.learn_sharded(batch)
+    whole = sharded.whole_table()
+    path = sharded.save(root, manifest=sharded.manifest(), table=whole) if whole is not None else None
+    syncing.table.take_changed(), sharded.table.take_changed()
+    after_three = state(syncing)
+    syncing.learn_sync(batches[3])
+    sharded.learn_sharded(batches[3])
+    changes = sharded.changes(sharded.table.take_changed())
+    out: dict = {"sync3": after_three, "sync": state(syncing), "sync_changed": syncing.table.take_changed()}
+    if changes is not None:
+        table, changed = changes
+        out["delta_ids"], out["delta_rows"] = changed, table.stored_rows(changed)[0].numpy()
+    dist.barrier()  # rank 0's snapshot is on disk
+    restored = Trainer(schema, sharded_settings())
+    snapshot = sorted(__import__("pathlib").Path(root).glob("step-*"))[-1]
+    restored.restore(snapshot)
+    out["snapshot"] = str(snapshot) if path is not None else None
+    out["restored"] = state(restored)
+    return out
+
+
 # --- the tests -------------------------------------------------------------------------------
 def test_exchange_moves_parts_of_any_length_including_none():
     assert launch_local(exchange_case, 2) == [[[], [4.0, 5.0]], [[1.0, 2.0, 3.0], [6.0]]]
@@ -104,3 +144,35 @@ def test_sharded_ranks_fed_the_same_batch_equal_one_process():
     ids, rows = rows_of([shard0, shard1])
     np.testing.assert_array_equal(ids, expected["ids"])
     np.testing.assert_allclose(rows, expected["rows"], atol=1e-6, rtol=1e-5)
+
+
+def test_snapshots_and_deltas_of_sharded_rows_hold_every_rank_s_rows_and_restore_into_shards(tmp_path):
+    (first, second) = launch_local(snapshot_delta_and_restore, 2, str(tmp_path))
+    # the snapshot (written on rank 0 from every rank's rows) == the replicated rows after 3 steps
+    written = read_embeddings(first["snapshot"])
+    ids = written["ids"].numpy()
+    assert len(ids) > 100
+    np.testing.assert_array_equal(ids, first["sync3"]["ids"])
+    np.testing.assert_allclose(written["vectors"].numpy(), first["sync3"]["rows"][:, :5], atol=1e-6, rtol=1e-5)
+    # restored: each rank holds exactly its owned share of the snapshot, rows as written
+    for rank, out in enumerate((first, second)):
+        mine = ids[shard_of(ids, 2) == rank]
+        np.testing.assert_array_equal(out["restored"]["ids"], mine)
+        np.testing.assert_allclose(out["restored"]["rows"][:, :5], written["vectors"].numpy()[shard_of(ids, 2) == rank])
+    np.testing.assert_array_equal(np.sort(np.concatenate([first["restored"]["ids"], second["restored"]["ids"]])), ids)
+    # the delta: every rank's changed rows, == what the replicated run changed in that step
+    np.testing.assert_array_equal(first["delta_ids"], first["sync_changed"])
+    sync_rows = dict(zip(first["sync"]["ids"].tolist(), first["sync"]["rows"]))
+    np.testing.assert_allclose(
+        first["delta_rows"], np.stack([sync_rows[i] for i in first["delta_ids"].tolist()]), atol=1e-6
+    )
+    assert "delta_ids" not in second  # only rank 0 writes
+
+
+def test_sharding_needs_synchronous_steps_and_no_admission():
+    from dataclasses import replace
+
+    with pytest.raises(TrainerError, match="merge_every_steps = 0"):
+        replace(settings("adam"), shard_within_node=True)  # k = 16 by default
+    with pytest.raises(TrainerError, match="min_count = 1"):
+        replace(sharded_settings(), store=replace(sharded_settings().store, min_count=2))

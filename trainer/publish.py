@@ -150,16 +150,17 @@ def take_snapshot(
         offsets.update(part)
     trainer.newest_event_ms = max(control.gather(trainer.newest_event_ms))  # the group's freshest event
     trainer.table.take_changed()  # a base holds every row: deltas start again from here
+    table = trainer.whole_table()  # with sharded rows: every rank's, on rank 0 (a collective)
     path = version = None
-    if publisher is not None:
+    if publisher is not None and table is not None:
         extra = {
             "mlflow_run_id": publisher.run_id,
             "workers": control.world,
             "merge_every_steps": settings.group.merge_every_steps,
         }
         manifest = trainer.manifest(offsets, extra, events)  # one manifest for both artifacts
-        path = trainer.save(settings.snapshot.dir, manifest=manifest)
-        publication = trainer.publish_to(Path(settings.snapshot.dir) / "publications", manifest)
+        path = trainer.save(settings.snapshot.dir, manifest=manifest, table=table)
+        publication = trainer.publish_to(Path(settings.snapshot.dir) / "publications", manifest, table)
         version = publisher.publish(publication, trainer.step, recovery_bytes=folder_bytes(path))
         shutil.rmtree(publication, ignore_errors=True)  # uploaded; the recovery snapshot stays
     control.barrier()  # the snapshot is durable before any replica commits its offsets
@@ -175,13 +176,15 @@ def send_delta(
     failed upload is logged, not fatal: the next publication is then a base."""
     changed = trainer.table.take_changed()  # every replica: what changed since the last publication
     trainer.newest_event_ms = max(control.gather(trainer.newest_event_ms))
-    if publisher is None or publisher.base_path is None:
+    changes = trainer.changes(changed)  # with sharded rows: every rank's, on rank 0 (a collective)
+    if publisher is None or publisher.base_path is None or changes is None:
         return
+    table, changed = changes
     extra = {"mlflow_run_id": publisher.run_id, "workers": control.world}
     manifest = replace(
         trainer.manifest(extra=extra, events=events), base_step=publisher.base_step, sequence=publisher.sequence + 1
     )
-    folder = trainer.publish_delta_to(Path(settings.snapshot.dir) / "deltas", manifest, changed)
+    folder = trainer.publish_delta_to(Path(settings.snapshot.dir) / "deltas", manifest, changed, table)
     try:
         publisher.publish_delta(folder, manifest.sequence, trainer.step, len(changed))
     except Exception as exc:  # MLflow unreachable for a moment: the next publication is a base

@@ -146,7 +146,9 @@ class Trainer:
         self.table_config = table_config(self.model_config, settings)
         tier = make_tier(settings, row_width(self.table_config.dim), self.rank)
         self.table = EmbeddingTable(tier, self.table_config, shared_ids(schema))
-        # the group's rows sharded by owner (learn_sharded): this replica's table holds its shard only
+        # trainer.shard_within_node: the group's rows sharded by owner (learn_sharded, trainer/shard.py);
+        # this replica's table then holds its shard only
+        self.sharded = settings.shard_within_node
         self.shards = ShardedTable(self.table)
         self.metrics = ProgressiveMetrics(window=settings.metrics_window)
         self.step = 0
@@ -290,6 +292,20 @@ class Trainer:
             newest_event_ms=self.newest_event_ms,
         )
 
+    def whole_table(self) -> EmbeddingTable | None:
+        """The table a snapshot or a base publication is written from: this replica's, or with
+        sharded rows every rank's gathered on rank 0 (None on the others). Collective when sharded."""
+        if not self.sharded:
+            return self.table
+        self.table.expire_cold()  # every owner's rows past their TTL leave RocksDB too
+        return self.shards.gathered()
+
+    def changes(self, changed: np.ndarray) -> tuple[EmbeddingTable, np.ndarray] | None:
+        """What a delta is written from: (table, changed ids) given this replica's take_changed;
+        with sharded rows every rank's changes gathered on rank 0 (None on the others). Collective
+        when sharded."""
+        return (self.table, changed) if not self.sharded else self.shards.gathered_changes(changed)
+
     def save(
         self,
         root: str | Path,
@@ -297,32 +313,40 @@ class Trainer:
         extra: dict[str, object] | None = None,
         events: int | None = None,
         manifest: Manifest | None = None,
+        table: EmbeddingTable | None = None,
     ) -> Path:
         """Write a snapshot under root/step-NNNNNNNNN (see snapshot.py); offsets and events default
         to this replica's (a group passes every replica's offsets and the job's total events), or
-        the whole manifest is given."""
-        self.table.expire_cold()  # rows past their TTL leave RocksDB too, not only the cached tiers
+        the whole manifest is given; the rows are `table`'s (whole_table()), by default this replica's."""
+        if table is None:
+            table = self.table
+            table.expire_cold()  # rows past their TTL leave RocksDB too, not only the cached tiers
         return save_snapshot(
             Path(root) / snapshot_name(self.step),
             manifest or self.manifest(offsets, extra, events),
             self.model,
-            self.table,
+            table,
             self.optimizer,
         )
 
-    def publish_to(self, root: str | Path, manifest: Manifest) -> Path:
-        """Write the serving publication of this step under root/step-NNNNNNNNN (vectors only)."""
-        return save_publication(Path(root) / snapshot_name(self.step), manifest, self.model, self.table)
+    def publish_to(self, root: str | Path, manifest: Manifest, table: EmbeddingTable | None = None) -> Path:
+        """Write the serving publication of this step under root/step-NNNNNNNNN (vectors only) from
+        `table` (whole_table()), by default this replica's."""
+        return save_publication(Path(root) / snapshot_name(self.step), manifest, self.model, table or self.table)
 
-    def publish_delta_to(self, root: str | Path, manifest: Manifest, changed: np.ndarray) -> Path:
+    def publish_delta_to(
+        self, root: str | Path, manifest: Manifest, changed: np.ndarray, table: EmbeddingTable | None = None
+    ) -> Path:
         """Write a delta publication (rows of the `changed` ids, dense weights) under
         root/step-NNNNNNNNN; the manifest carries its base and sequence."""
-        return save_delta(Path(root) / snapshot_name(self.step), manifest, self.model, self.table, changed)
+        return save_delta(Path(root) / snapshot_name(self.step), manifest, self.model, table or self.table, changed)
 
     def restore(self, path: str | Path) -> Manifest:
         """Continue from a snapshot: dense weights, optimizer state, every row, step, events, offsets.
         The store should be empty (a fresh replica)."""
-        snapshot = load_snapshot(path, self.table)
+        # sharded rows: this replica keeps the ids it owns (whatever the group size that wrote them)
+        keep = (lambda ids: self.shards.owners(ids) == self.rank) if self.sharded else None
+        snapshot = load_snapshot(path, self.table, keep)
         self.model.load_state_dict(snapshot.model.state_dict())
         load_optimizer_state(path, self.optimizer)
         self.step = snapshot.manifest.step

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from store.placement import shard_of
+from store.ram import RamTier
 from store.table import EmbeddingTable, Lookup
 from trainer.merge import alone, comm_device
 
@@ -131,6 +132,39 @@ class ShardedTable:
         summed = torch.zeros((len(union), self.dim + 1)).index_add_(0, torch.from_numpy(where), torch.cat(received))
         self.local.apply_grad(union, summed[:, :-1] / summed[:, -1:], step)
         return len(union)
+
+    # --- what snapshots and publications are written from (rank 0 writes them) --------------
+    def gathered(self) -> EmbeddingTable | None:
+        """On rank 0, a table holding every rank's rows; None on the others. Collective. (Rank 0
+        holds the whole table for a moment: per-shard files would avoid it; not built yet.)"""
+        ids, rows = self.local.export()
+        parts = self._gather((ids, rows.numpy()))
+        return None if parts is None else self._table_of(parts)
+
+    def gathered_changes(self, changed: np.ndarray) -> tuple[EmbeddingTable, np.ndarray] | None:
+        """For a delta: each rank's changed ids (its take_changed) -> on rank 0, a table of the
+        changed rows the ranks still hold and the union of the changed ids (those not held were
+        removed: the delta says so); None on the others. Collective."""
+        rows, held = self.local.stored_rows(changed)
+        parts = self._gather((changed[held], rows[torch.from_numpy(held)].numpy(), changed))
+        if parts is None:
+            return None
+        return self._table_of(parts), np.unique(np.concatenate([p[2] for p in parts]))
+
+    def _gather(self, part: tuple[np.ndarray, ...]) -> list[tuple[np.ndarray, ...]] | None:
+        if alone():
+            return [part]
+        parts: list[object] | None = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(part, parts, dst=0)
+        return parts  # type: ignore[return-value]
+
+    def _table_of(self, parts: list[tuple[np.ndarray, ...]]) -> EmbeddingTable:
+        ids = np.concatenate([p[0] for p in parts])
+        rows = torch.from_numpy(np.concatenate([p[1] for p in parts]))
+        width = self.local.tier.width
+        table = EmbeddingTable(RamTier(width, (len(ids) + 1) * RamTier(width, 1).row_bytes), self.local.config)
+        table.load(ids, rows)
+        return table
 
 
 __all__ = ["Route", "ShardedTable", "exchange"]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -198,14 +199,21 @@ def load_model(path: str | Path, manifest: Manifest) -> CtrModel:
     return model.eval()
 
 
-def load_snapshot(path: str | Path, table: EmbeddingTable) -> Snapshot:
-    """Read a snapshot into a fresh model and into `table` (whose tier should be empty)."""
+def load_snapshot(
+    path: str | Path, table: EmbeddingTable, keep: Callable[[np.ndarray], np.ndarray] | None = None
+) -> Snapshot:
+    """Read a snapshot into a fresh model and into `table` (whose tier should be empty); with
+    `keep` (ids (n,) -> bool (n,)), only the rows it keeps (a shard's)."""
     manifest = read_manifest(path)
     if TableConfig.from_dict(manifest.table) != table.config:  # type: ignore[arg-type]
         raise SnapshotError(f"snapshot {path}: table config {manifest.table} differs from {table.config}")
     emb = read_embeddings(path)
+    ids = emb["ids"].numpy().astype(np.int64)
     rows = join_rows(emb["vectors"], emb["exp_avg"], emb["exp_avg_sq"])
-    table.load(emb["ids"].numpy().astype(np.int64), rows)
+    if keep is not None:
+        mask = keep(ids)
+        ids, rows = ids[mask], rows[torch.from_numpy(mask)]
+    table.load(ids, rows)
     if table.sketch is not None and (Path(path) / ADMISSION).is_file():
         sketch = load_file(str(Path(path) / ADMISSION))
         table.sketch.load(sketch["counts"].numpy().view(np.uint16), int(sketch["added"][0]))
