@@ -240,6 +240,10 @@ class EmbeddingTable:
             self._sighted.append(lookup.waiting)
 
     # --- what replica merges need (trainer/merge.py) ---------------------------------------
+    def mark_touched(self, ids: np.ndarray) -> None:
+        """Record rows written outside `update` (a shard owner's step) for the next merge."""
+        self._touched.append(ids)
+
     def take_touched(self) -> np.ndarray:
         """Unique ids (sorted) of the rows written since the last call; resets the record."""
         touched = np.unique(np.concatenate(self._touched)) if self._touched else np.zeros(0, dtype=np.int64)

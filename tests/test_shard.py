@@ -110,6 +110,36 @@ def snapshot_delta_and_restore(root: str) -> dict:
     return out
 
 
+def two_nodes_merging(k: int) -> dict:
+    """4 ranks as 2 nodes of 2 (LOCAL_WORLD_SIZE=2): both ranks of node n learn node n's batches
+    (seed n) over rows sharded within the node; the nodes merge every k steps, shard by shard."""
+    import os
+
+    import torch.distributed as dist
+
+    os.environ["LOCAL_WORLD_SIZE"] = "2"
+    trainer = Trainer(load_schema("criteo"), sharded_settings())
+    assert trainer.nodes == 2
+    for i, batch in enumerate(make_batches(seed=dist.get_rank() // 2, steps=6), start=1):
+        trainer.learn_sharded(batch)
+        if i % k == 0:
+            stats = trainer.merge()
+            assert stats.rows > 0 and stats.bytes > 0
+    return state(trainer)
+
+
+def replicas_merging(k: int) -> dict:
+    """The reference: 2 replicas (one per node) learning seed-rank batches, merged every k steps."""
+    import torch.distributed as dist
+
+    trainer = Trainer(load_schema("criteo"), settings("adam", "ftrl"))
+    for i, batch in enumerate(make_batches(seed=dist.get_rank(), steps=6), start=1):
+        trainer.learn(batch)
+        if i % k == 0:
+            trainer.merge()
+    return state(trainer)
+
+
 # --- the tests -------------------------------------------------------------------------------
 def test_exchange_moves_parts_of_any_length_including_none():
     assert launch_local(exchange_case, 2) == [[[], [4.0, 5.0]], [[1.0, 2.0, 3.0], [6.0]]]
@@ -169,10 +199,24 @@ def test_snapshots_and_deltas_of_sharded_rows_hold_every_rank_s_rows_and_restore
     assert "delta_ids" not in second  # only rank 0 writes
 
 
-def test_sharding_needs_synchronous_steps_and_no_admission():
+def test_sharding_needs_no_admission_yet():
     from dataclasses import replace
 
-    with pytest.raises(TrainerError, match="merge_every_steps = 0"):
-        replace(settings("adam"), shard_within_node=True)  # k = 16 by default
     with pytest.raises(TrainerError, match="min_count = 1"):
         replace(sharded_settings(), store=replace(sharded_settings().store, min_count=2))
+
+
+def test_two_nodes_of_sharded_ranks_merging_every_k_steps_equal_two_merging_replicas():
+    """2 nodes x 2 ranks: within a node the rows are sharded and steps synchronous (the node acts
+    as one process on its batches); between the nodes the k-step merge of replicas, shard by shard."""
+    ranks = launch_local(two_nodes_merging, 4, 3)
+    replicas = launch_local(replicas_merging, 2, 3)
+    for node, replica in enumerate(replicas):
+        mine = ranks[2 * node : 2 * node + 2]
+        for rank in mine:
+            assert_states_close(without_rows(rank), without_rows(replica))
+        ids, rows = rows_of(mine)
+        np.testing.assert_array_equal(ids, replica["ids"])
+        np.testing.assert_allclose(rows, replica["rows"], atol=1e-6, rtol=1e-5)
+        for local, rank in enumerate(mine):
+            assert (shard_of(rank["ids"], 2) == local).all()

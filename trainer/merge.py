@@ -48,9 +48,12 @@ class MergeStats:
         return self.dense_bytes + self.sparse_bytes
 
 
-def alone() -> bool:
+Group = dist.ProcessGroup | None  # the ranks a collective runs over; None: all of them
+
+
+def alone(group: Group = None) -> bool:
     """No group (a lone trainer) or a group of one: collectives are the identity."""
-    return not dist.is_initialized() or dist.get_world_size() == 1
+    return not dist.is_initialized() or dist.get_world_size(group) == 1
 
 
 def comm_device() -> torch.device:
@@ -80,11 +83,11 @@ def dense_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> l
     return tensors
 
 
-def average_tensors(tensors: Sequence[torch.Tensor], bucket_bytes: int = BUCKET_BYTES) -> int:
+def average_tensors(tensors: Sequence[torch.Tensor], bucket_bytes: int = BUCKET_BYTES, group: Group = None) -> int:
     """Average tensors in place over all ranks, bucketed by size; returns payload bytes sent."""
-    if alone():
+    if alone(group):
         return 0
-    world, device, sent = dist.get_world_size(), comm_device(), 0
+    world, device, sent = dist.get_world_size(group), comm_device(), 0
     bucket: list[torch.Tensor] = []
     size = 0
 
@@ -93,7 +96,7 @@ def average_tensors(tensors: Sequence[torch.Tensor], bucket_bytes: int = BUCKET_
         if not bucket:
             return
         flat = torch.cat([t.detach().reshape(-1).float() for t in bucket]).to(device)
-        dist.all_reduce(flat)
+        dist.all_reduce(flat, group=group)
         flat /= world
         sent += flat.numel() * flat.element_size()
         offset = 0
@@ -111,12 +114,12 @@ def average_tensors(tensors: Sequence[torch.Tensor], bucket_bytes: int = BUCKET_
     return sent
 
 
-def max_step(step: int) -> int:
+def max_step(step: int, group: Group = None) -> int:
     """The largest step count over the ranks (replicas that had no data in some rounds lag)."""
-    if alone():
+    if alone(group):
         return step
     t = torch.tensor([step], dtype=torch.int64, device=comm_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return int(t.item())
 
 
@@ -127,22 +130,22 @@ def set_optimizer_steps(optimizer: torch.optim.Optimizer, step: int) -> None:
             state["step"] = torch.tensor(float(step), dtype=state["step"].dtype, device=state["step"].device)
 
 
-def average_dense(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+def average_dense(model: torch.nn.Module, optimizer: torch.optim.Optimizer, group: Group = None) -> int:
     """Dense half of a merge: parameters and Adam moments averaged in place; returns bytes sent."""
-    return average_tensors(dense_tensors(model, optimizer))
+    return average_tensors(dense_tensors(model, optimizer), group=group)
 
 
-def union_ids(ids: np.ndarray) -> tuple[np.ndarray, int]:
+def union_ids(ids: np.ndarray, group: Group = None) -> tuple[np.ndarray, int]:
     """Sorted union over the ranks of each rank's int64 ids; returns (union, bytes sent)."""
-    parts, sent = gather_ids(ids)
+    parts, sent = gather_ids(ids, group)
     return np.unique(np.concatenate(parts)), sent
 
 
-def average_rows(table: EmbeddingTable, touched: np.ndarray, step: int) -> tuple[int, int]:
+def average_rows(table: EmbeddingTable, touched: np.ndarray, step: int, group: Group = None) -> tuple[int, int]:
     """Sparse half of a merge: rows written on any rank since the last merge (`touched`: this
     rank's, sorted unique), averaged over the ranks that wrote them, written back everywhere.
     Returns (rows merged, bytes sent)."""
-    union, sent = union_ids(touched)
+    union, sent = union_ids(touched, group)
     if len(union) == 0:
         return 0, sent
     mine = np.isin(union, touched, assume_unique=True)
@@ -152,9 +155,9 @@ def average_rows(table: EmbeddingTable, touched: np.ndarray, step: int) -> tuple
         mine[np.nonzero(mine)[0][~held]] = False  # written, then expired since: nothing to offer
         payload[torch.from_numpy(np.nonzero(mine)[0]), :-1] = rows[torch.from_numpy(held)]
     payload[:, -1] = torch.from_numpy(mine).float()
-    if not alone():
+    if not alone(group):
         payload = payload.to(comm_device())
-        dist.all_reduce(payload)
+        dist.all_reduce(payload, group=group)
         sent += payload.numel() * payload.element_size()
     count = payload[:, -1:].cpu()
     keep = (count[:, 0] > 0).numpy()  # a row every writer has since expired stays expired
@@ -163,34 +166,34 @@ def average_rows(table: EmbeddingTable, touched: np.ndarray, step: int) -> tuple
     return int(keep.sum()), sent
 
 
-def gather_ids(ids: np.ndarray) -> tuple[list[np.ndarray], int]:
+def gather_ids(ids: np.ndarray, group: Group = None) -> tuple[list[np.ndarray], int]:
     """Every rank's int64 ids (n_r,), in rank order; returns (per-rank arrays, bytes sent)."""
-    if alone():
+    if alone(group):
         return [ids], 0
-    device, world = comm_device(), dist.get_world_size()
+    device, world = comm_device(), dist.get_world_size(group)
     length = torch.tensor([len(ids)], dtype=torch.int64, device=device)
     lengths = [torch.zeros_like(length) for _ in range(world)]
-    dist.all_gather(lengths, length)
+    dist.all_gather(lengths, length, group=group)
     longest = max(int(n.item()) for n in lengths)
     if longest == 0:
         return [np.zeros(0, dtype=np.int64) for _ in range(world)], 8
     padded = torch.zeros(longest, dtype=torch.int64, device=device)
     padded[: len(ids)] = torch.from_numpy(ids).to(device)
     gathered = [torch.zeros_like(padded) for _ in range(world)]
-    dist.all_gather(gathered, padded)
+    dist.all_gather(gathered, padded, group=group)
     return [g[: int(n.item())].cpu().numpy() for g, n in zip(gathered, lengths)], 8 + 8 * longest
 
 
-def share_sightings(table: EmbeddingTable) -> int:
+def share_sightings(table: EmbeddingTable, group: Group = None) -> int:
     """Admission counts: each rank adds the sightings the others counted since the last call, so
     every replica admits the same ids at the same time. Returns bytes sent (0 without admission)."""
     if table.sketch is None:
         return 0
     mine = table.take_sighted()
-    if alone():
+    if alone(group):
         return 0
-    parts, sent = gather_ids(mine)
-    rank = dist.get_rank()
+    parts, sent = gather_ids(mine, group)
+    rank = dist.get_rank(group)
     others = [p for r, p in enumerate(parts) if r != rank]
     if others:
         table.add_sightings(np.concatenate(others))
@@ -202,17 +205,17 @@ def float_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
     return [b for b in model.buffers() if b.is_floating_point()]
 
 
-def average_buffers(model: torch.nn.Module) -> int:
+def average_buffers(model: torch.nn.Module, group: Group = None) -> int:
     """The float buffers averaged in place, so synchronous replicas keep normalizing alike; returns bytes sent."""
-    return average_tensors(float_buffers(model))
+    return average_tensors(float_buffers(model), group=group)
 
 
-def average_grads(model: torch.nn.Module) -> int:
+def average_grads(model: torch.nn.Module, group: Group = None) -> int:
     """Synchronous data parallel, dense: every .grad averaged over the ranks (None counts as zeros)."""
     for p in model.parameters():
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    return average_tensors([p.grad for p in model.parameters() if p.grad is not None])
+    return average_tensors([p.grad for p in model.parameters() if p.grad is not None], group=group)
 
 
 def average_row_grads(

@@ -9,8 +9,10 @@ keeps the counters.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -25,7 +27,9 @@ from store.tier import Tier
 from stream.featurize import shared_ids
 from stream.schema import Schema
 from trainer.batch import Batch
+from trainer.errors import TrainerError
 from trainer.merge import (
+    Group,
     MergeStats,
     average_buffers,
     average_dense,
@@ -131,6 +135,22 @@ def warmup_factor(settings: TrainerSettings, step: int) -> float:
     return 1.0 if warmup <= 0 else min(1.0, step / warmup)
 
 
+def node_groups(world: int, rank: int, sharded: bool) -> tuple[Group, Group, int]:
+    """(this rank's node group, its cross-node group, nodes) for sharded rows: a node is
+    LOCAL_WORLD_SIZE consecutive ranks (torchrun's layout); rank r of a node merges with rank r of
+    the others. One node (or no sharding): the node group is every rank, and nothing to merge."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if sharded else world
+    if not sharded or not dist.is_initialized() or local >= world:
+        return None, None, 1
+    if world % local:
+        raise TrainerError(f"trainer.shard_within_node: {world} ranks are not whole nodes of LOCAL_WORLD_SIZE={local}")
+    nodes = world // local
+    # every rank creates every group, in the same order (torch.distributed's rule for new_group)
+    by_node = [dist.new_group(list(range(n * local, (n + 1) * local))) for n in range(nodes)]
+    across = [dist.new_group([n * local + r for n in range(nodes)]) for r in range(local)]
+    return cast(Group, by_node[rank // local]), cast(Group, across[rank % local]), nodes
+
+
 class Trainer:
     def __init__(self, schema: Schema, settings: TrainerSettings) -> None:
         if settings.threads:
@@ -146,10 +166,11 @@ class Trainer:
         self.table_config = table_config(self.model_config, settings)
         tier = make_tier(settings, row_width(self.table_config.dim), self.rank)
         self.table = EmbeddingTable(tier, self.table_config, shared_ids(schema))
-        # trainer.shard_within_node: the group's rows sharded by owner (learn_sharded, trainer/shard.py);
-        # this replica's table then holds its shard only
+        # trainer.shard_within_node: the rows sharded over the ranks of this node (learn_sharded,
+        # trainer/shard.py), this replica's table holding its shard; nodes merge shard by shard
         self.sharded = settings.shard_within_node
-        self.shards = ShardedTable(self.table)
+        self.node_group, self.cross_group, self.nodes = node_groups(self.world, self.rank, self.sharded)
+        self.shards = ShardedTable(self.table, self.node_group)
         self.metrics = ProgressiveMetrics(window=settings.metrics_window)
         self.step = 0
         self.events = 0
@@ -199,16 +220,18 @@ class Trainer:
 
     def merge(self) -> MergeStats:
         """Average dense parameters, Adam moments and the rows touched since the last merge over
-        the group (a collective: every replica calls it at the same round)."""
+        the group (a collective: every replica calls it at the same round). With sharded rows the
+        merge is between nodes, shard by shard: rank r of each node with rank r of the others."""
         started = time.perf_counter()
-        if self.world == 1:
+        group = self.cross_group if self.sharded else None
+        if self.world == 1 or (self.sharded and self.nodes == 1):
             self.table.take_touched()
             return MergeStats(0, 0, 0, 0.0)
-        self.step = max_step(self.step)
+        self.step = max_step(self.step, group)
         set_optimizer_steps(self.optimizer, self.step)
-        dense_bytes = average_dense(self.model, self.optimizer)
-        rows, sparse_bytes = average_rows(self.table, self.table.take_touched(), self.step)
-        sparse_bytes += share_sightings(self.table)
+        dense_bytes = average_dense(self.model, self.optimizer, group)
+        rows, sparse_bytes = average_rows(self.table, self.table.take_touched(), self.step, group)
+        sparse_bytes += share_sightings(self.table, group)
         stats = MergeStats(dense_bytes, sparse_bytes, rows, time.perf_counter() - started)
         self._count(stats)
         return stats
@@ -256,7 +279,7 @@ class Trainer:
             self.shards.lookup(np.zeros(0, dtype=np.int64))
             grad = torch.zeros((0, self.table.dim))
         comm_started = time.perf_counter()
-        dense_bytes = average_grads(self.model) + average_buffers(self.model)
+        dense_bytes = average_grads(self.model, self.node_group) + average_buffers(self.model, self.node_group)
         self.optimizer.step()
         rows = self.shards.apply_grads(grad, self.step)
         stats = MergeStats(dense_bytes, self.shards.bytes_sent - sent_before, rows, time.perf_counter() - comm_started)

@@ -119,8 +119,9 @@ class TrainerSettings:
     log_every_steps: int = at_least(1, 20)  # MLflow metrics every this many steps
     metrics_port: int = at_least(0, 0)  # Prometheus endpoint; 0 = off
     learn_log: str = ""  # folder for per-replica audit logs of the (partition, offset) records learned; "" = off
-    # rows sharded over the replicas (the ranks of one node, trainer/shard.py): each row stored and
-    # updated by one owner, synchronous steps; false keeps a full copy per replica (k-step merging)
+    # rows sharded over the ranks of a node (trainer/shard.py): each row stored and updated by one
+    # owner, synchronous steps within the node, k-step merges between nodes (group.merge_every_steps);
+    # false keeps a full copy per replica
     shard_within_node: bool = False
     model: ModelSettings = field(default_factory=ModelSettings)  # [trainer.model]
     optim: OptimSettings = field(default_factory=OptimSettings)  # [trainer.optim]
@@ -132,10 +133,9 @@ class TrainerSettings:
         check_fields(self, "trainer", TrainerError)
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise TrainerError(f"config trainer.device={self.device!r}: use 'cpu', 'cuda' or 'cuda:N'")
-        if self.shard_within_node and (self.group.merge_every_steps != 0 or self.store.min_count != 1):
+        if self.shard_within_node and self.store.min_count != 1:
             raise TrainerError(
-                "config trainer.shard_within_node = true takes synchronous steps with every sighting at the "
-                f"row's owner: set trainer.group.merge_every_steps = 0 (it is {self.group.merge_every_steps}) and "
+                "config trainer.shard_within_node = true counts no sightings at the row's owner yet: set "
                 f"trainer.store.min_count = 1 (it is {self.store.min_count}), or shard_within_node = false"
             )
 

@@ -17,9 +17,11 @@ step moves rows to where the batch is and gradients back to where the row lives:
 
 So a sharded step equals a synchronous data-parallel step over replicated tables
 (`Trainer.learn_sync`) on the same batches, row for row (tests/test_shard.py), while each rank
-stores about 1/N of the rows. Every call here is a collective: all ranks call it together, a rank
-without a batch with no ids. On GPUs the same all_to_all runs over NCCL (which takes NVLink by
-itself); in the tests it runs over gloo on the CPU.
+stores about 1/N of the rows. Every call here is a collective over the node's process group: all
+its ranks call it together, a rank without a batch with no ids. Between nodes, replica.Trainer.merge
+averages every k steps over a second group, rank r of each node with rank r of the others (they own
+the same ids), as replicas merge (merge.py). On GPUs the same all_to_all runs over NCCL (which takes
+NVLink by itself); in the tests it runs over gloo on the CPU.
 """
 
 from __future__ import annotations
@@ -33,23 +35,23 @@ import torch.distributed as dist
 from store.placement import shard_of
 from store.ram import RamTier
 from store.table import EmbeddingTable, Lookup
-from trainer.merge import alone, comm_device
+from trainer.merge import Group, alone, comm_device
 
 
-def exchange(parts: list[torch.Tensor]) -> tuple[list[torch.Tensor], int]:
-    """all_to_all of tensors of any length: parts[r] (n_r, ...) goes to rank r. Returns what each
-    rank sent here, by source rank, and the payload bytes this rank sent. Collective."""
-    if alone():
+def exchange(parts: list[torch.Tensor], group: Group = None) -> tuple[list[torch.Tensor], int]:
+    """all_to_all of tensors of any length over `group`: parts[r] (n_r, ...) goes to its rank r.
+    Returns what each rank sent here, by source rank, and the payload bytes this rank sent. Collective."""
+    if alone(group):
         return [parts[0]], 0
     device = comm_device()
     sizes = [len(p) for p in parts]
     received_sizes = torch.zeros(len(parts), dtype=torch.int64, device=device)
-    dist.all_to_all_single(received_sizes, torch.tensor(sizes, dtype=torch.int64, device=device))
+    dist.all_to_all_single(received_sizes, torch.tensor(sizes, dtype=torch.int64, device=device), group=group)
     counts = received_sizes.cpu().tolist()
     received = torch.empty((sum(counts), *parts[0].shape[1:]), dtype=parts[0].dtype, device=device)
     # one message, split along dim 0 (gloo's list form wants equal sizes)
-    dist.all_to_all_single(received, torch.cat(parts).to(device), counts, sizes)
-    sent = sum(p.numel() * p.element_size() for r, p in enumerate(parts) if r != dist.get_rank())
+    dist.all_to_all_single(received, torch.cat(parts).to(device), counts, sizes, group=group)
+    sent = sum(p.numel() * p.element_size() for r, p in enumerate(parts) if r != dist.get_rank(group))
     return list(received.cpu().split(counts)), sent
 
 
@@ -65,12 +67,14 @@ class Route:
 
 class ShardedTable:
     """A rank's shard of the table (`local`, an EmbeddingTable over this rank's tier) behind the
-    lookup interface the step uses (`lookup` -> Lookup), plus `apply_grads` for step 4."""
+    lookup interface the step uses (`lookup` -> Lookup), plus `apply_grads` for step 4. The rows
+    are sharded over `group` (the ranks of one node; None: every rank)."""
 
-    def __init__(self, local: EmbeddingTable) -> None:
+    def __init__(self, local: EmbeddingTable, group: Group = None) -> None:
         self.local = local
-        self.rank = dist.get_rank() if dist.is_initialized() else 0
-        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.group = group
+        self.rank = dist.get_rank(group) if dist.is_initialized() else 0
+        self.world = dist.get_world_size(group) if dist.is_initialized() else 1
         self.route: Route | None = None  # the last lookup's, for its gradients
         self.bytes_sent = 0
 
@@ -89,7 +93,7 @@ class ShardedTable:
         owner = self.owners(unique)
         order = np.argsort(owner, kind="stable")
         counts = np.bincount(owner, minlength=self.world).tolist()
-        asked, sent = exchange(list(torch.from_numpy(unique[order]).split(counts)))
+        asked, sent = exchange(list(torch.from_numpy(unique[order]).split(counts)), self.group)
         served = [a.numpy() for a in asked]
         # the owner's side: vectors of the ids it was sent (its own rows; unseen ids: their initial row)
         wanted = np.concatenate(served) if served else np.zeros(0, np.int64)
@@ -97,7 +101,7 @@ class ShardedTable:
         if not held.all():
             fresh = np.nonzero(~held)[0]
             rows[torch.from_numpy(fresh)] = self.local.fresh_rows(wanted[fresh])
-        answers, sent_back = exchange(list(rows[:, : self.dim].split([len(s) for s in served])))
+        answers, sent_back = exchange(list(rows[:, : self.dim].split([len(s) for s in served])), self.group)
         self.bytes_sent += sent + sent_back
         vectors = torch.zeros((len(unique), self.dim))
         vectors[torch.from_numpy(order)] = torch.cat(answers) if answers else vectors[:0]
@@ -123,7 +127,7 @@ class ShardedTable:
         self.route = None
         grad = grad.detach().cpu()
         payload = torch.cat([grad[torch.from_numpy(route.order)], torch.ones((len(grad), 1))], dim=1)
-        received, sent = exchange(list(payload.split(route.counts)))
+        received, sent = exchange(list(payload.split(route.counts)), self.group)
         self.bytes_sent += sent
         ids = np.concatenate(route.served) if route.served else np.zeros(0, np.int64)
         if not len(ids):
@@ -131,6 +135,7 @@ class ShardedTable:
         union, where = np.unique(ids, return_inverse=True)
         summed = torch.zeros((len(union), self.dim + 1)).index_add_(0, torch.from_numpy(where), torch.cat(received))
         self.local.apply_grad(union, summed[:, :-1] / summed[:, -1:], step)
+        self.local.mark_touched(union)  # what a k-step merge between nodes averages
         return len(union)
 
     # --- what snapshots and publications are written from (rank 0 writes them) --------------
@@ -152,11 +157,16 @@ class ShardedTable:
         return self._table_of(parts), np.unique(np.concatenate([p[2] for p in parts]))
 
     def _gather(self, part: tuple[np.ndarray, ...]) -> list[tuple[np.ndarray, ...]] | None:
-        if alone():
-            return [part]
+        """Every rank's `part` on the group's first rank when that is the job's rank 0 (it writes
+        the files); None elsewhere. Other nodes hold the same rows right after a merge: they skip."""
+        if alone(self.group):
+            return [part] if not dist.is_initialized() or dist.get_rank() == 0 else None
+        leader = dist.get_global_rank(self.group, 0) if self.group is not None else 0
+        if leader != 0:
+            return None
         parts: list[object] | None = [None] * self.world if self.rank == 0 else None
-        dist.gather_object(part, parts, dst=0)
-        return parts  # type: ignore[return-value]
+        dist.gather_object(part, parts, dst=0, group=self.group)
+        return parts if self.rank == 0 else None  # type: ignore[return-value]
 
     def _table_of(self, parts: list[tuple[np.ndarray, ...]]) -> EmbeddingTable:
         ids = np.concatenate([p[0] for p in parts])
