@@ -4,7 +4,10 @@ For each dataset (the synthetic stream, whose true click probabilities are known
 Criteo rows), workers in {1, 2, 4} x k in {1, 4, 16, 64}, plus a synchronous data-parallel run
 (gradient all-reduce every step, reported as k = 0) per worker count, and the same synchronous run
 with the rows sharded across the workers (layout "sharded", trainer/shard.py: the same model, each
-worker holding only the rows it owns; rows_per_replica says how many). The stream is dealt out
+worker holding only the rows it owns; rows_per_replica says how many), and with 4+ workers the
+same split into 2 "nodes" (layout "sharded-2-nodes": rows sharded within each node, the nodes
+merging every 16 steps shard by shard; merge_bytes is what crossed between the nodes, the rest of
+bytes stayed within them). The stream is dealt out
 round-robin, batch i to replica i mod N (as partitions are), and every replica scores each batch
 before learning it; AUC and logloss are over all replicas' predictions. One worker has nothing to
 merge, so it runs once per mode (k = 1 and k = 0).
@@ -63,9 +66,10 @@ def _save(batches: list[FeatureBatch], path: Path) -> None:
     )
 
 
-def _replica(data: str, settings: TrainerSettings, k: int, schema_name: str, sharded: bool) -> dict[str, Any]:
+def _replica(data: str, settings: TrainerSettings, k: int, schema_name: str, nodes: int) -> dict[str, Any]:
     """One replica of a bench run (spawned): learn its share of the batches, merge every k rounds
-    (k = 0: synchronous steps; sharded: synchronous steps over rows sharded across the replicas)."""
+    (k = 0: synchronous steps). With settings.shard_within_node: synchronous steps over rows
+    sharded across the replicas of a node, `nodes` nodes of equal size merging every k rounds."""
     import torch.distributed as dist
 
     from trainer.loop import Control
@@ -73,6 +77,7 @@ def _replica(data: str, settings: TrainerSettings, k: int, schema_name: str, sha
     from trainer.schedule import LoopState, Round, Schedule, decide
 
     rank, world = dist.get_rank(), dist.get_world_size()
+    os.environ["LOCAL_WORLD_SIZE"] = str(world // nodes)  # what torchrun says on each of `nodes` machines
     arrays = dict(np.load(data))  # an NpzFile would re-read the array from the archive at every access
     bounds = np.concatenate([[0], np.cumsum(arrays["sizes"])])
     trainer = Trainer(load_schema(schema_name), settings)
@@ -82,7 +87,7 @@ def _replica(data: str, settings: TrainerSettings, k: int, schema_name: str, sha
     control, state = Control(world), LoopState()
     schedule = Schedule(world, k, snapshot_every_steps=rounds + 1, log_every_steps=rounds + 1, max_steps=rounds)
     dist.barrier()
-    started = time.perf_counter()
+    started, across = time.perf_counter(), 0  # across: bytes of merges (between nodes when sharded)
     for j in range(rounds):
         lo, hi = bounds[j * world + rank], bounds[j * world + rank + 1]
         batch = Batch(
@@ -92,14 +97,14 @@ def _replica(data: str, settings: TrainerSettings, k: int, schema_name: str, sha
         )
         mine = Round.vector(events=len(batch), idle=False, merge_due=False, snapshot_due=False)
         state, act = decide(state, Round.from_sum(control.sum(mine)), schedule)
-        if sharded:
+        if settings.shard_within_node:
             prob, _ = trainer.learn_sharded(batch)
         elif k == 0:
             prob, _ = trainer.learn_sync(batch)
         else:
             prob = trainer.learn(batch).probs
         if act.merge:
-            trainer.merge()
+            across += trainer.merge().bytes
         assert prob is not None  # every replica has a batch every round here
         labels.append(batch.labels.numpy())
         probs.append(prob)
@@ -108,6 +113,7 @@ def _replica(data: str, settings: TrainerSettings, k: int, schema_name: str, sha
         "labels": np.concatenate(labels),
         "probs": np.concatenate(probs),
         "bytes": trainer.bytes_sent,
+        "merge_bytes": across,
         "wall_s": time.perf_counter() - started,
         "rows_held": len(trainer.table),
     }
@@ -115,16 +121,20 @@ def _replica(data: str, settings: TrainerSettings, k: int, schema_name: str, sha
 
 def _run(data: Path, settings: TrainerSettings, workers: int, k: int, schema_name: str, layout: str) -> dict[str, Any]:
     threads = max(1, (os.cpu_count() or 1) // workers)
-    config = with_changes(settings, {"threads": threads, "group.merge_every_steps": k})
-    replicas = launch_local(_replica, workers, str(data), config, k, schema_name, layout == "sharded")
+    changes = {"threads": threads, "group.merge_every_steps": k, "shard_within_node": layout != "replicated"}
+    nodes = 2 if layout == "sharded-2-nodes" else 1
+    replicas = launch_local(_replica, workers, str(data), with_changes(settings, changes), k, schema_name, nodes)
     labels = np.concatenate([r["labels"] for r in replicas])
     probs = np.concatenate([r["probs"] for r in replicas])
     wall = max(r["wall_s"] for r in replicas)
     return {
         "workers": workers,
         "k": k,
-        "layout": layout,  # "replicated": every replica its own rows; "sharded": each row on one owner
+        # "replicated": every replica its own rows; "sharded": each row on one owner;
+        # "sharded-2-nodes": rows sharded within each of 2 nodes, the nodes merging every k steps
+        "layout": layout,
         "rows_per_replica": [int(r["rows_held"]) for r in replicas],
+        "merge_bytes": int(sum(r["merge_bytes"] for r in replicas)),  # merges (between nodes when sharded)
         "auc": auc_exact(labels, probs),
         "logloss": logloss(labels, probs),
         "bytes": int(sum(r["bytes"] for r in replicas)),
@@ -144,6 +154,7 @@ def _checks(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if not {0, 1, 16} <= by_k.keys():
                 continue
             sharded = next((r for r in mine if r["layout"] == "sharded"), None)
+            two_nodes = next((r for r in mine if r["layout"] == "sharded-2-nodes"), None)
             k1, k16, sync = by_k[1], by_k[16], by_k[0]
             out.append(
                 {
@@ -156,6 +167,7 @@ def _checks(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "within_0.002_of_sync": abs(k16["auc"] - sync["auc"]) <= 0.002,
                     "bytes_cut_at_least_12x": k1["bytes"] >= 12 * k16["bytes"],
                     **(_sharded_checks(sharded, sync) if sharded else {}),
+                    **(_two_node_checks(two_nodes, k16) if two_nodes else {}),
                 }
             )
     return out
@@ -168,6 +180,17 @@ def _sharded_checks(sharded: dict[str, Any], sync: dict[str, Any]) -> dict[str, 
         "sharded_bytes_over_sync": sharded["bytes"] / max(sync["bytes"], 1),
         "sharded_rows_per_replica_over_sync": max(sharded["rows_per_replica"]) / max(max(sync["rows_per_replica"]), 1),
         "sharded_samples_per_s_over_sync": sharded["samples_per_s"] / sync["samples_per_s"],
+    }
+
+
+def _two_node_checks(two_nodes: dict[str, Any], k16: dict[str, Any]) -> dict[str, Any]:
+    """2 nodes of sharded rows merging every 16 steps vs replicas merging every 16 steps."""
+    return {
+        "two_nodes_bytes_across": two_nodes["merge_bytes"],
+        "two_nodes_bytes_within": two_nodes["bytes"] - two_nodes["merge_bytes"],
+        "two_nodes_auc_minus_replicated_k16": two_nodes["auc"] - k16["auc"],
+        "two_nodes_rows_per_replica_over_replicated": max(two_nodes["rows_per_replica"])
+        / max(max(k16["rows_per_replica"]), 1),
     }
 
 
@@ -192,6 +215,7 @@ def run_merge_bench(
         datasets.append(("criteo", real, base))
     plan = [(w, k, "replicated") for w in workers for k in ((1, 0) if w == 1 else (*ks, 0))]
     plan += [(w, 0, "sharded") for w in workers if w > 1]
+    plan += [(w, 16, "sharded-2-nodes") for w in workers if w >= 4 and w % 2 == 0]
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp, Progress(disable=not progress) as bar:
         task = bar.add_task("bench merge", total=len(plan) * len(datasets))
