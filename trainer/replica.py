@@ -263,7 +263,7 @@ class Trainer:
         return probs, stats
 
     def learn_sharded(self, batch: Batch | None) -> tuple[np.ndarray | None, MergeStats]:
-        """A synchronous step with the rows sharded over the group (trainer/shard.py: each rank
+        """A synchronous step with the rows sharded over the node's ranks (trainer/shard.py: each rank
         stores and updates only the ids it owns, rows and gradients travel by all_to_all); equal
         to `learn_sync` on the same batches. A replica without a batch this round takes part with
         no ids. Collective. Returns this replica's predictions (B,) made before the update."""

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from store.placement import shard_of
 from store.ram import RamTier
 from store.table import EmbeddingTable, Lookup
+from trainer.errors import TrainerError
 from trainer.merge import Group, alone, comm_device
 
 
@@ -123,7 +124,7 @@ class ShardedTable:
         step on it. Collective. Returns the rows this rank updated."""
         route = self.route
         if route is None:
-            raise RuntimeError("ShardedTable.apply_grads: no lookup to apply gradients to")
+            raise TrainerError("ShardedTable.apply_grads: no lookup to apply gradients to; call lookup first")
         self.route = None
         grad = grad.detach().cpu()
         payload = torch.cat([grad[torch.from_numpy(route.order)], torch.ones((len(grad), 1))], dim=1)
