@@ -55,25 +55,22 @@ class FrozenTier:
 
     def read(self, ids: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
         arrays = self._arrays  # read once: a concurrent apply swaps the pair, never half of it
-        if not len(arrays.extra_ids):  # serving's common case, one gather (its hot path: no masks)
-            pos, hit = find_sorted(arrays.base_ids, ids)
-            if len(arrays.base_dead):
-                hit &= ~arrays.base_dead[pos]
-            if hit.all():
-                return arrays.base_rows.index_select(0, torch.from_numpy(pos)), hit
-        out = torch.zeros((len(ids), self.width), dtype=torch.float32)
-        found = np.zeros(len(ids), dtype=bool)
-        for sorted_ids, rows, dead in (
-            (arrays.base_ids, arrays.base_rows, arrays.base_dead),
-            (arrays.extra_ids, arrays.extra_rows, None),
-        ):
-            pos, hit = find_sorted(sorted_ids, ids)
-            hit &= ~found
-            if dead is not None and len(dead):
-                hit &= ~dead[pos]
+        pos, found = find_sorted(arrays.base_ids, ids)
+        if len(arrays.base_dead):
+            found &= ~arrays.base_dead[pos]
+        # one gather from the base (serving's hot path: usually every id is there), misses zeroed
+        if len(arrays.base_ids):
+            out = arrays.base_rows.index_select(0, torch.from_numpy(pos))
+        else:
+            out = torch.zeros((len(ids), self.width), dtype=torch.float32)
+        missing = np.nonzero(~found)[0]
+        if len(missing):
+            out[torch.from_numpy(missing)] = 0.0
+            # the overlay holds only ids the base lacks: look there for the misses alone
+            at, hit = find_sorted(arrays.extra_ids, ids[missing])
             if hit.any():
-                out[torch.from_numpy(hit)] = rows[torch.from_numpy(pos[hit])]
-                found |= hit
+                out[torch.from_numpy(missing[hit])] = arrays.extra_rows[torch.from_numpy(at[hit])]
+                found[missing[hit]] = True
         return out, found
 
     def apply(self, ids: np.ndarray, rows: torch.Tensor) -> int:

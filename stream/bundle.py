@@ -81,8 +81,8 @@ def _hex_values(column: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         packed = np.ascontiguousarray((nibbles[:, 0::2] << 4) | nibbles[:, 1::2])
         values = np.zeros(len(column), dtype=np.int64)
         values[present] = packed.view(">u4").reshape(-1)
-        bad = np.zeros(len(column), dtype=bool)  # all 8 characters hex <=> the 8 flag bytes read as 0x0101...
-        bad[present] = np.ascontiguousarray(_HEX_OK8[chars]).view(np.uint64).reshape(-1) != _ALL_HEX
+        bad = np.zeros(len(column), dtype=bool)
+        bad[present] = _not_all_hex(chars)
         return np.where(missing, 0, values), missing, bad & ~missing
     filled = pc.fill_null(column, "")
     missing = pc.equal(pc.binary_length(filled), 0).to_numpy(zero_copy_only=False)
@@ -102,6 +102,12 @@ _HEX_LUT8 = _HEX_LUT.astype(np.uint8)
 _ALL_HEX = np.frombuffer(bytes([1] * 8), dtype=np.uint64)[0]
 
 
+def _not_all_hex(chars: np.ndarray) -> np.ndarray:
+    """uint8 (m, 8) characters -> bool (m,): not all 8 hex (their 8 flag bytes read as one
+    uint64 differ from 0x0101...01)."""
+    return np.ascontiguousarray(_HEX_OK8[chars]).view(np.uint64).reshape(-1) != _ALL_HEX
+
+
 def _hex_check(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """string column -> (missing bool (n,), bad bool (n,)) without decoding: what replay needs."""
     column = column if column.offset == 0 else pa.concat_arrays([column])  # buffers from offset 0
@@ -110,11 +116,11 @@ def _hex_check(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     if column.null_count:
         lengths = np.where(column.is_null().to_numpy(zero_copy_only=False), 0, lengths)
     if column.buffers()[2] is not None and np.all((lengths == 8) | (lengths == 0)):
-        # the usual 8-digit case: all 8 characters hex <=> their 8 flag bytes read as 0x0101...
+        # the usual 8-digit case: one vectorized pass over the byte buffer, nothing decoded
         missing = lengths == 0
         chars = np.frombuffer(column.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]].reshape(-1, 8)
         bad = np.zeros(len(column), dtype=bool)
-        bad[np.diff(offsets) == 8] = np.ascontiguousarray(_HEX_OK8[chars]).view(np.uint64).reshape(-1) != _ALL_HEX
+        bad[np.diff(offsets) == 8] = _not_all_hex(chars)
         return missing, bad & ~missing
     data = np.frombuffer(column.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
     not_hex = (~_HEX_OK[data]).astype(np.int32)

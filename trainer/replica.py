@@ -318,10 +318,8 @@ class Trainer:
     def whole_table(self) -> EmbeddingTable | None:
         """The table a snapshot or a base publication is written from: this replica's, or with
         sharded rows every rank's gathered on rank 0 (None on the others). Collective when sharded."""
-        if not self.sharded:
-            return self.table
-        self.table.expire_cold()  # every owner's rows past their TTL leave RocksDB too
-        return self.shards.gathered()
+        self.table.expire_cold()  # rows past their TTL leave RocksDB too (with sharded rows: every owner's)
+        return self.shards.gathered() if self.sharded else self.table
 
     def changes(self, changed: np.ndarray) -> tuple[EmbeddingTable, np.ndarray] | None:
         """What a delta is written from: (table, changed ids) given this replica's take_changed;
@@ -340,7 +338,8 @@ class Trainer:
     ) -> Path:
         """Write a snapshot under root/step-NNNNNNNNN (see snapshot.py); offsets and events default
         to this replica's (a group passes every replica's offsets and the job's total events), or
-        the whole manifest is given; the rows are `table`'s (whole_table()), by default this replica's."""
+        the whole manifest is given; the rows are `table`'s (whole_table(), which also drops what
+        TTL expired), by default this replica's own."""
         if table is None:
             table = self.table
             table.expire_cold()  # rows past their TTL leave RocksDB too, not only the cached tiers
