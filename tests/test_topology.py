@@ -128,3 +128,29 @@ def test_cpu_lists_and_shards():
     counts = np.bincount(shards, minlength=8)
     assert counts.min() > 0.8 * len(ids) / 8  # field-structured ids spread evenly
     assert (shard_of(ids, 8) == shards).all()
+
+
+@needs_matrices
+def test_each_gpu_rank_keeps_its_rocksdb_in_the_folder_of_its_numa_node(monkeypatch):
+    from trainer.errors import TrainerError
+    from trainer.replica import store_path
+    from trainer.settings import StoreSettings, TrainerSettings
+
+    topology, _ = load("h100_sxm5_8x_nvswitch_2socket")
+    store = StoreSettings(kind="tiered", path="/plain", numa_paths=("/nvme0/a", "/nvme1/a"))
+    on = lambda device: TrainerSettings(device=device, store=store)  # noqa: E731
+    assert store_path(on("cuda:5"), 5, topology) == "/nvme1/a/gpu5"
+    assert store_path(on("cuda:0"), 0, topology) == "/nvme0/a/gpu0"
+    monkeypatch.setenv("LOCAL_RANK", "6")  # plain "cuda" under torchrun: this process's local rank
+    assert store_path(on("cuda"), 6, topology) == "/nvme1/a/gpu6"
+    # on the CPU the first folder, one per rank; without numa_paths the old scheme
+    assert store_path(on("cpu"), 1, topology) == "/nvme0/a/cpu-rank1"
+    assert store_path(TrainerSettings(store=StoreSettings(kind="tiered", path="/plain")), 2) == "/plain-rank2"
+    one_node = TrainerSettings(device="cuda:5", store=StoreSettings(kind="tiered", numa_paths=("/nvme0/a",)))
+    with pytest.raises(TrainerError, match=r"numa_paths.*NUMA node 1"):
+        store_path(one_node, 5, topology)
+    three = TrainerSettings(device="cuda:0", store=StoreSettings(kind="tiered", numa_paths=("/a", "/b", "/c")))
+    with pytest.raises(TrainerError, match=r"trainer.store.numa_paths.*NUMA node"):
+        store_path(three, 0, topology)
+    with pytest.raises(TrainerError, match="tiered"):
+        StoreSettings(numa_paths=("/a",))  # the RAM store has no folder

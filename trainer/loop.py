@@ -18,7 +18,6 @@ publication for serving; between them rank 0 sends deltas (trainer/publish.py).
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -26,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
 import torch.distributed as dist
 from prometheus_client import Gauge, start_http_server
 
@@ -36,7 +34,7 @@ from stream.settings import KafkaSettings
 from trainer.group import Control, join_group, leave_group
 from trainer.metrics import merged_summary
 from trainer.publish import send_delta, take_snapshot
-from trainer.replica import Trainer, store_path
+from trainer.replica import Trainer, local_gpu, store_path
 from trainer.schedule import LoopState, Round, Schedule, decide
 from trainer.settings import MlflowSettings, TrainerSettings
 from trainer.snapshot import latest_snapshot
@@ -258,7 +256,7 @@ def _pin_to_gpu_numa_node(device: str) -> None:
     from store.placement import make_plan, pin_to
     from store.topology import discover
 
-    gpu = torch.device(device).index or int(os.environ.get("LOCAL_RANK", "0"))
+    gpu = local_gpu(device)
     placement = next((p for p in make_plan(discover()).placements if p.gpu == gpu), None)
     if placement is not None:
         log.info("GPU%d: pinned to NUMA node %d, CPUs %s", gpu, placement.numa, pin_to(placement))

@@ -24,6 +24,7 @@ from store.ram import RamTier
 from store.sparse_optim import SparseOptimConfig, row_width
 from store.table import EmbeddingTable, TableConfig
 from store.tier import Tier
+from store.topology import Topology
 from stream.featurize import shared_ids
 from stream.schema import Schema
 from trainer.batch import Batch
@@ -62,10 +63,40 @@ MERGES = Counter("adstream_trainer_merges_total", "replica merges")
 MERGE_BYTES = Counter("adstream_trainer_merge_bytes_total", "payload bytes this replica sent to merge or sync")
 
 
-def store_path(settings: TrainerSettings, rank: int = 0) -> str:
-    """The RocksDB folder of replica `rank` (store.kind = "tiered")."""
-    path = settings.store.path
-    return path if rank == 0 else f"{path}-rank{rank}"
+def store_path(settings: TrainerSettings, rank: int = 0, topology: Topology | None = None) -> str:
+    """The RocksDB folder of replica `rank` (store.kind = "tiered"): store.path (-rank<N> past rank 0),
+    or, with store.numa_paths on a GPU, the folder the topology plan names for this rank's GPU
+    (<numa_paths[node of the GPU]>/gpu<N>). `topology`: this machine's unless given (tests)."""
+    store = settings.store
+    if not store.numa_paths or not settings.device.startswith("cuda"):
+        path = f"{store.numa_paths[0]}/cpu" if store.numa_paths else store.path
+        return path if rank == 0 else f"{path}-rank{rank}"
+    from store.errors import StoreError
+    from store.placement import make_plan
+    from store.topology import discover
+
+    try:
+        plan = make_plan(topology or discover(), {node: str(p) for node, p in enumerate(store.numa_paths)})
+    except StoreError as err:
+        raise TrainerError(
+            f"config trainer.store.numa_paths={list(store.numa_paths)}: {err}; give one folder per NUMA node"
+        ) from None
+    gpu = local_gpu(settings.device)
+    placement = next((p for p in plan.placements if p.gpu == gpu), None)
+    if placement is None:
+        raise TrainerError(f"trainer.device={settings.device!r}: GPU{gpu} is not in this machine's topology plan")
+    if placement.numa >= len(store.numa_paths):
+        raise TrainerError(
+            f"config trainer.store.numa_paths={list(store.numa_paths)}: GPU{gpu} is on NUMA node {placement.numa}, "
+            f"which has no folder; give one per node (index = node)"
+        )
+    return placement.rocksdb_dir
+
+
+def local_gpu(device: str) -> int:
+    """The GPU index of a "cuda[:N]" device; plain "cuda" means this process's LOCAL_RANK (torchrun)."""
+    index = torch.device(device).index
+    return index if index is not None else int(os.environ.get("LOCAL_RANK", "0"))
 
 
 def make_tier(settings: TrainerSettings, width: int, rank: int = 0) -> Tier:

@@ -70,6 +70,9 @@ class StoreSettings:
     device_bytes: int = at_least(1, 256 << 20)  # budget of the device tier (kind = "tiered"), bytes
     disk_bytes: int = at_least(1, 64 << 30)  # budget of the RocksDB tier (kind = "tiered"), bytes
     path: str = ".state/rocksdb/trainer"  # RocksDB directory (kind = "tiered")
+    # tiered, one folder per NUMA node (index = node, e.g. ["/nvme0/adstream", "/nvme1/adstream"]): each
+    # rank's RocksDB goes where the topology plan puts its GPU (<folder of its node>/gpu<N>); () = path
+    numa_paths: tuple[str, ...] = ()
     eviction: str = one_of(("lru", "lfu"), "lru")  # eviction policy of the device and RAM tiers (kind = "tiered")
     ttl_steps: int = at_least(0, 0)  # drop rows unseen for this many steps; 0 = never (kind = "tiered")
     pipelined: bool = True  # tiered: read the next batch's cold rows during this step, write back async
@@ -78,10 +81,11 @@ class StoreSettings:
 
     def __post_init__(self) -> None:
         check_fields(self, "trainer.store", TrainerError)
-        if self.kind == "ram" and (self.ttl_steps or self.eviction != "lru"):
+        if self.kind == "ram" and (self.ttl_steps or self.eviction != "lru" or self.numa_paths):
             raise TrainerError(
-                f"config trainer.store.ttl_steps={self.ttl_steps} / trainer.store.eviction={self.eviction!r} act only "
-                'on the tiered store: set trainer.store.kind = "tiered", or leave them at their defaults (0, "lru")'
+                f"config trainer.store.ttl_steps={self.ttl_steps} / trainer.store.eviction={self.eviction!r} / "
+                f"trainer.store.numa_paths={list(self.numa_paths)} act only on the tiered store: set "
+                'trainer.store.kind = "tiered", or leave them at their defaults (0, "lru", [])'
             )
 
 
