@@ -132,3 +132,32 @@ def test_rows_the_trainer_expires_leave_serving_with_the_next_delta(schema, tmp_
     np.testing.assert_allclose(
         predict_events(served, probe_events(schema), schema), trainer_predictions(trainer, schema), rtol=1e-5, atol=1e-6
     )
+
+
+def test_a_recovery_snapshot_leaves_out_rows_ttl_expired_in_rocksdb(schema, tmp_path):
+    """The product path (whole_table -> save): rows evicted to RocksDB and then unseen past the TTL
+    are neither in the snapshot nor on disk afterwards; rows still in use are."""
+    width_bytes = 3 * 4 * 4  # [vector | state | state] of dim 4, float32
+    settings = TrainerSettings(
+        model=ModelSettings(embed_dim=4, hidden=(16,)),
+        store=StoreSettings(
+            kind="tiered",
+            ram_bytes=64 * width_bytes,
+            device_bytes=32 * width_bytes,
+            path=str(tmp_path / "t"),
+            ttl_steps=2,
+        ),
+    )
+    trainer = Trainer(schema, settings)
+    learn_more(trainer, schema, 0, 3)
+    first = trainer.table.tier.all_ids()
+    learn_more(trainer, schema, 5000, 4)  # other events: most of the first ids go cold, then expire
+    later = featurize([event_from_mapping(criteo_event(5000 + i), schema) for i in range(200)], schema)
+    unseen = set(first.tolist()) - set(later.ids.reshape(-1).tolist())
+    expired = unseen & set(trainer.table.tier.rocks.all_ids().tolist())
+    assert expired, "the tiny budgets should have pushed rows of the first steps into RocksDB"
+    saved = read_embeddings(trainer.save(tmp_path / "snap", table=trainer.whole_table()))
+    ids = set(saved["ids"].tolist())
+    recent = trainer.table.tier.all_ids()
+    assert not expired & ids and not expired & set(trainer.table.tier.rocks.all_ids().tolist())
+    assert set(recent.tolist()) <= ids and len(ids) == len(recent)
