@@ -144,6 +144,19 @@ def peak_rss_bytes() -> int:
     return 0
 
 
+def rss_parts() -> dict[str, int]:
+    """This process's resident memory now, split (Linux): anonymous (its own heap: tiers, index,
+    buffers) and file-backed (RocksDB's files mapped for reads: page cache the kernel takes back
+    under memory pressure, counted in VmHWM all the same)."""
+    parts = {"RssAnon:": "anon_rss_bytes", "RssFile:": "file_rss_bytes"}
+    out = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key = line.split(maxsplit=1)[0] if line else ""
+        if key in parts:
+            out[parts[key]] = int(line.split()[1]) * 1024
+    return out
+
+
 def reset_peak_rss() -> None:
     """Start the peak-RSS count afresh (Linux: writing 5 to clear_refs resets VmHWM)."""
     try:
@@ -239,6 +252,7 @@ def run_store_bench(
     store.io = RocksPipeline(store.rocks, asynchronous=False)
     result["hierarchy_serial_rows_per_s"], _ = _time_table(table, serial, 0, warmup + batches + 1)
     result["peak_rss_bytes"] = peak_rss_bytes()  # the hierarchy's runs (the baseline's peak is reset)
+    result.update(rss_parts())  # how much of it is the process's own memory, how much mapped RocksDB files
     result["disk_bytes"] = sum(f.stat().st_size for f in Path(config.path).rglob("*") if f.is_file())
     result["ram_budget_bytes"] = config.ram_bytes
     result["device_budget_bytes"] = config.device_bytes
