@@ -1,11 +1,12 @@
 """IdIndex: int64 id -> int32 slot, an open-addressing hash table in numpy arrays.
 
-The table is three flat arrays (keys, slots, a state byte per position: empty, full or deleted),
-probed linearly at load factor <= 0.6, and the index costs about 22 bytes per id (a Python dict
-costs ~100). Any 64-bit id is a valid key. Every operation takes a batch of ids; the probe loops
-are compiled by numba (`_find`, `_insert`): one pass over the batch, one or two cache misses per
-id, no Python work per id. (Vectorized numpy probing needed ~6 passes per probe round and was a
-third of the tiered store's time per step.)
+The table is three flat arrays (keys, slots, a full/empty byte per position), probed linearly at
+load factor <= 0.6, and the index costs about 22 bytes per id (a Python dict costs ~100). Any
+64-bit id is a valid key. A removal shifts the entries after it back into the gap (Knuth's
+deletion for linear probing) instead of leaving a tombstone: a tier that evicts and admits rows
+every step would otherwise fill with tombstones, and every probe for an absent id would walk
+them. Every operation takes a batch of ids; the probe loops are compiled by numba: one pass over
+the batch, one or two cache misses per id, no Python work per id.
 """
 
 from __future__ import annotations
@@ -13,9 +14,14 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-_EMPTY, _FULL, _TOMB = 0, 1, 2
+_EMPTY, _FULL = 0, 1
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MAX_LOAD = 0.6
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _home(key: np.int64, shift: np.uint64) -> np.int64:
+    return np.int64((np.uint64(key) * _GOLDEN) >> shift)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -25,13 +31,9 @@ def _find(keys: np.ndarray, state: np.ndarray, bits: int, ids: np.ndarray) -> np
     shift = np.uint64(64 - bits)
     out = np.full(len(ids), -1, dtype=np.int64)
     for i in range(len(ids)):
-        key = ids[i]
-        pos = np.int64((np.uint64(key) * _GOLDEN) >> shift)
-        while True:
-            s = state[pos]
-            if s == _EMPTY:
-                break
-            if s == _FULL and keys[pos] == key:
+        pos = _home(ids[i], shift)
+        while state[pos] == _FULL:
+            if keys[pos] == ids[i]:
                 out[i] = pos
                 break
             pos = (pos + 1) & mask
@@ -41,22 +43,47 @@ def _find(keys: np.ndarray, state: np.ndarray, bits: int, ids: np.ndarray) -> np
 @numba.njit(cache=True, nogil=True)
 def _insert(
     keys: np.ndarray, vals: np.ndarray, state: np.ndarray, bits: int, ids: np.ndarray, slots: np.ndarray
-) -> int:
-    """Insert ids (absent, unique) at the first free position of their probe; returns how many
-    deleted positions were reused."""
+) -> None:
+    """Insert ids (absent, unique) at the first empty position of their probe."""
     mask = (1 << bits) - 1
     shift = np.uint64(64 - bits)
-    reused = 0
     for i in range(len(ids)):
-        pos = np.int64((np.uint64(ids[i]) * _GOLDEN) >> shift)
+        pos = _home(ids[i], shift)
         while state[pos] == _FULL:
             pos = (pos + 1) & mask
-        if state[pos] == _TOMB:
-            reused += 1
         keys[pos] = ids[i]
         vals[pos] = slots[i]
         state[pos] = _FULL
-    return reused
+
+
+@numba.njit(cache=True, nogil=True)
+def _delete(keys: np.ndarray, vals: np.ndarray, state: np.ndarray, bits: int, ids: np.ndarray) -> np.ndarray:
+    """Remove ids; their slots (-1 where absent). Each gap is refilled by the first later entry of
+    the run whose home does not lie cyclically in (gap, entry], until an empty position ends the run."""
+    mask = (1 << bits) - 1
+    shift = np.uint64(64 - bits)
+    out = np.full(len(ids), -1, dtype=np.int64)
+    for i in range(len(ids)):
+        gap = _home(ids[i], shift)
+        while state[gap] == _FULL and keys[gap] != ids[i]:
+            gap = (gap + 1) & mask
+        if state[gap] != _FULL:
+            continue  # absent
+        out[i] = vals[gap]
+        pos = gap
+        while True:
+            pos = (pos + 1) & mask
+            if state[pos] != _FULL:
+                break
+            home = _home(keys[pos], shift)
+            # the entry at pos may move back to gap unless its home is cyclically in (gap, pos]
+            if (home - gap - 1) & mask < (pos - gap) & mask:
+                continue
+            keys[gap], vals[gap] = keys[pos], vals[pos]
+            gap = pos
+        state[gap] = _EMPTY
+        vals[gap] = -1
+    return out
 
 
 class IdIndex:
@@ -69,7 +96,6 @@ class IdIndex:
         self.vals = np.full(capacity, -1, dtype=np.int32)
         self.state = np.zeros(capacity, dtype=np.uint8)
         self.bits = capacity.bit_length() - 1
-        self.tombstones = 0
 
     def __len__(self) -> int:
         return self.size
@@ -78,12 +104,9 @@ class IdIndex:
     def nbytes(self) -> int:
         return self.keys.nbytes + self.vals.nbytes + self.state.nbytes
 
-    def _where(self, ids: np.ndarray) -> np.ndarray:
-        return _find(self.keys, self.state, self.bits, np.ascontiguousarray(ids, dtype=np.int64))
-
     def get(self, ids: np.ndarray) -> np.ndarray:
         """Slot of each id, -1 where absent."""
-        where = self._where(ids)
+        where = _find(self.keys, self.state, self.bits, np.ascontiguousarray(ids, dtype=np.int64))
         out = np.full(len(ids), -1, dtype=np.int64)
         found = where >= 0
         out[found] = self.vals[where[found]]
@@ -91,24 +114,16 @@ class IdIndex:
 
     def put(self, ids: np.ndarray, slots: np.ndarray) -> None:
         """Insert ids that are NOT present (unique), with their slots."""
-        if self.size + self.tombstones + len(ids) > _MAX_LOAD * len(self.keys):
+        if self.size + len(ids) > _MAX_LOAD * len(self.keys):
             self._rehash(self.size + len(ids))
         ids = np.ascontiguousarray(ids, dtype=np.int64)
-        slots = np.ascontiguousarray(slots, dtype=np.int32)
-        self.tombstones -= _insert(self.keys, self.vals, self.state, self.bits, ids, slots)
+        _insert(self.keys, self.vals, self.state, self.bits, ids, np.ascontiguousarray(slots, dtype=np.int32))
         self.size += len(ids)
 
     def pop(self, ids: np.ndarray) -> np.ndarray:
-        """Remove ids; returns their slots (-1 where absent)."""
-        where = self._where(ids)
-        out = np.full(len(ids), -1, dtype=np.int64)
-        found = where >= 0
-        at = where[found]
-        out[found] = self.vals[at]
-        self.state[at] = _TOMB
-        self.vals[at] = -1
-        self.size -= len(at)
-        self.tombstones += len(at)
+        """Remove ids (unique); returns their slots (-1 where absent)."""
+        out = _delete(self.keys, self.vals, self.state, self.bits, np.ascontiguousarray(ids, dtype=np.int64))
+        self.size -= int((out >= 0).sum())
         return out
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:

@@ -39,3 +39,24 @@ def test_index_grows_and_stays_compact():
     assert index.nbytes / len(ids) < 60
     index.pop(ids[::2])
     assert (index.get(ids[1::2]) == np.arange(1, len(ids), 2)).all() and (index.get(ids[::2]) == -1).all()
+
+
+def test_churn_at_full_load_keeps_every_entry_findable():
+    """A tier's life: rows admitted and evicted every step near the load limit, ids clustered so
+    probe runs are long and wrap around the end of the table. Removals shift entries back (no
+    tombstones): every id stays findable, and the table never grows past its first size."""
+    rng = np.random.default_rng(3)
+    index, reference = IdIndex(2000), {}
+    capacity = len(index.keys)
+    for step in range(300):
+        fresh = np.unique(rng.integers(0, 6000, size=200, dtype=np.int64) * 1024)  # clustered homes
+        fresh = np.array([k for k in fresh.tolist() if k not in reference], dtype=np.int64)
+        room = 1200 - len(reference)
+        fresh = fresh[: max(room, 0)]
+        index.put(fresh, np.arange(len(fresh)) + step * 1000)
+        reference.update(zip(fresh.tolist(), (np.arange(len(fresh)) + step * 1000).tolist()))
+        gone = rng.choice(np.array(list(reference), dtype=np.int64), size=min(150, len(reference)), replace=False)
+        assert index.pop(gone).tolist() == [reference.pop(int(k)) for k in gone]
+        probe = np.concatenate([np.array(list(reference), dtype=np.int64), gone])
+        assert index.get(probe).tolist() == [reference.get(int(k), -1) for k in probe]
+    assert len(index) == len(reference) and len(index.keys) == capacity
