@@ -53,14 +53,18 @@ _ESCAPED = np.zeros(256, dtype=bool)  # bytes JSON needs escaped inside a string
 _ESCAPED[[ord('"'), ord("\\"), *range(0x20)]] = True
 
 
+def _string_buffers(strings: pa.Array) -> tuple[np.ndarray, bytes | pa.Buffer]:
+    """A (32-bit offset) string array's value offsets (n + 1,) and its data buffer, the array
+    unsliced first so the offsets index the buffer from its start."""
+    if strings.offset:
+        strings = pa.concat_arrays([strings])
+    offsets = np.frombuffer(strings.buffers()[1], dtype=np.int32, count=len(strings) + 1)
+    return offsets, strings.buffers()[2] if strings.buffers()[2] is not None else b""
+
+
 def _needs_escape(column: pa.Array) -> bool:
-    if column.offset:
-        column = pa.concat_arrays([column])
-    offsets = np.frombuffer(column.buffers()[1], dtype=np.int32, count=len(column) + 1)
-    if column.buffers()[2] is None:
-        return False
-    data = np.frombuffer(column.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
-    return bool(_ESCAPED[data].any())
+    offsets, data = _string_buffers(column)
+    return bool(_ESCAPED[np.frombuffer(data, dtype=np.uint8)[offsets[0] : offsets[-1]]].any())
 
 
 def json_lines(table: pa.Table) -> list[bytes]:
@@ -86,11 +90,9 @@ def json_lines(table: pa.Table) -> list[bytes]:
 
 def _utf8_values(strings: pa.Array) -> list[bytes]:
     """A string array without nulls -> its values as bytes, cut from the one data buffer."""
-    if strings.offset:
-        strings = pa.concat_arrays([strings])
-    offsets = np.frombuffer(strings.buffers()[1], dtype=np.int32, count=len(strings) + 1).tolist()
-    data = strings.buffers()[2].to_pybytes() if strings.buffers()[2] is not None else b""
-    return [data[start:end] for start, end in zip(offsets[:-1], offsets[1:], strict=True)]
+    offsets, buffer = _string_buffers(strings)
+    data, bounds = bytes(buffer), offsets.tolist()
+    return [data[start:end] for start, end in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def table_records(table: pa.Table, schema: Schema, bundle: int = 1, fmt: str = "json") -> Iterator[ReplayRecord]:

@@ -81,6 +81,20 @@ def tiny_hierarchy(path, width: int = WIDTH, device_rows: int = 16, ram_rows: in
     )
 
 
+def small_tiered_settings(path, device_bytes: int, ram_bytes: int, **store: object) -> TrainerSettings:
+    """A small model (factor width 4, one hidden layer of 16) on the tiered store at `path`."""
+    return TrainerSettings(
+        model=ModelSettings(embed_dim=4, hidden=(16,)),
+        store=StoreSettings(
+            kind="tiered",
+            device_bytes=device_bytes,
+            ram_bytes=ram_bytes,
+            path=str(path),
+            **store,  # type: ignore[arg-type]
+        ),
+    )
+
+
 # every Tier implementation joins this contract suite
 TIERS = {
     "ram": lambda tmp: ram_tier(),

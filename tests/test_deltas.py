@@ -14,10 +14,9 @@ from serving.loader import apply_delta, load_served_model
 from serving.predict import predict_events
 from stream.decode import event_from_mapping
 from stream.featurize import featurize
-from tests.helpers import criteo_event, trained_trainer
+from tests.helpers import criteo_event, small_tiered_settings, trained_trainer
 from trainer.batch import batch_from_features
 from trainer.replica import Trainer
-from trainer.settings import ModelSettings, StoreSettings, TrainerSettings
 from trainer.snapshot import read_embeddings, read_manifest
 from trainer.step import predict
 
@@ -113,12 +112,7 @@ def test_a_merge_marks_rows_changed_for_the_next_delta(schema):
 def test_rows_the_trainer_expires_leave_serving_with_the_next_delta(schema, tmp_path, store):
     """TTL expiry in the trainer's hierarchy: the delta names the expired ids and serving drops
     them, so both read the unseen-id rule for them and still predict alike."""
-    settings = TrainerSettings(
-        model=ModelSettings(embed_dim=4, hidden=(16,)),
-        store=StoreSettings(
-            kind="tiered", ram_bytes=1 << 24, device_bytes=1 << 22, path=str(tmp_path / "t"), ttl_steps=2
-        ),
-    )
+    settings = small_tiered_settings(tmp_path / "t", device_bytes=1 << 22, ram_bytes=1 << 24, ttl_steps=2)
     trainer = Trainer(schema, settings)
     learn_more(trainer, schema, 0, 3)
     base = publish_base(trainer, tmp_path)
@@ -137,17 +131,8 @@ def test_rows_the_trainer_expires_leave_serving_with_the_next_delta(schema, tmp_
 def test_a_recovery_snapshot_leaves_out_rows_ttl_expired_in_rocksdb(schema, tmp_path):
     """The product path (whole_table -> save): rows evicted to RocksDB and then unseen past the TTL
     are neither in the snapshot nor on disk afterwards; rows still in use are."""
-    width_bytes = 3 * 4 * 4  # [vector | state | state] of dim 4, float32
-    settings = TrainerSettings(
-        model=ModelSettings(embed_dim=4, hidden=(16,)),
-        store=StoreSettings(
-            kind="tiered",
-            ram_bytes=64 * width_bytes,
-            device_bytes=32 * width_bytes,
-            path=str(tmp_path / "t"),
-            ttl_steps=2,
-        ),
-    )
+    tiny = 48  # bytes: budgets of a few dozen rows, so most rows soon live in RocksDB alone
+    settings = small_tiered_settings(tmp_path / "t", device_bytes=32 * tiny, ram_bytes=64 * tiny, ttl_steps=2)
     trainer = Trainer(schema, settings)
     learn_more(trainer, schema, 0, 3)
     first = trainer.table.tier.all_ids()

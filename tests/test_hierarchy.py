@@ -274,23 +274,15 @@ def test_trainer_on_the_hierarchy_snapshots_and_serves_the_same_predictions(sche
     from serving.predict import predict_events
     from stream.decode import event_from_mapping
     from stream.featurize import featurize
-    from tests.helpers import criteo_event
+    from tests.helpers import criteo_event, small_tiered_settings
     from trainer.batch import batch_from_features
     from trainer.replica import Trainer
-    from trainer.settings import ModelSettings, StoreSettings, TrainerSettings
     from trainer.snapshot import load_snapshot
     from trainer.step import predict
 
     row = RamTier(3 * 5, 1).row_bytes
-    settings = TrainerSettings(
-        model=ModelSettings(embed_dim=4, hidden=(16,)),
-        store=StoreSettings(
-            kind="tiered",
-            device_bytes=2500 * row,
-            ram_bytes=1500 * row,
-            disk_bytes=1 << 30,
-            path=str(tmp_path / "rocks"),
-        ),
+    settings = small_tiered_settings(
+        tmp_path / "rocks", device_bytes=2500 * row, ram_bytes=1500 * row, disk_bytes=1 << 30
     )
     trainer = Trainer(schema, settings)
     for s in range(6):
