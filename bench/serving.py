@@ -230,6 +230,7 @@ def _publish_base(trainer: Trainer, publisher: Any, folder: Path) -> tuple[str, 
     """(registry version, publication folder) of a new base."""
     trainer.table.take_changed()
     publication = trainer.publish_to(folder, trainer.manifest())
+    assert publication is not None  # one process writes the whole folder
     return str(publisher.publish(publication, trainer.step)), publication
 
 
@@ -388,6 +389,7 @@ def publish_bytes(schema: Schema, settings: TrainerSettings, rows: int, folder: 
     ids = np.unique(rng.integers(-(2**62), 2**62, rows + rows // 100))[:rows]
     trainer.table.load(ids, trainer.table.fresh_rows(ids))
     base = trainer.publish_to(folder / "base", trainer.manifest())
+    assert base is not None  # one process writes the whole folder
     out: dict[str, Any] = {"rows": len(ids), "base_bytes": folder_bytes(base)}
     trainer.table.take_changed()
     counts = {}

@@ -129,7 +129,7 @@ def test_rows_the_trainer_expires_leave_serving_with_the_next_delta(schema, tmp_
 
 
 def test_a_recovery_snapshot_leaves_out_rows_ttl_expired_in_rocksdb(schema, tmp_path):
-    """The product path (whole_table -> save): rows evicted to RocksDB and then unseen past the TTL
+    """The product path (Trainer.save): rows evicted to RocksDB and then unseen past the TTL
     are neither in the snapshot nor on disk afterwards; rows still in use are."""
     tiny = 48  # bytes: budgets of a few dozen rows, so most rows soon live in RocksDB alone
     settings = small_tiered_settings(tmp_path / "t", device_bytes=32 * tiny, ram_bytes=64 * tiny, ttl_steps=2)
@@ -141,7 +141,7 @@ def test_a_recovery_snapshot_leaves_out_rows_ttl_expired_in_rocksdb(schema, tmp_
     unseen = set(first.tolist()) - set(later.ids.reshape(-1).tolist())
     expired = unseen & set(trainer.table.tier.rocks.all_ids().tolist())
     assert expired, "the tiny budgets should have pushed rows of the first steps into RocksDB"
-    saved = read_embeddings(trainer.save(tmp_path / "snap", table=trainer.whole_table()))
+    saved = read_embeddings(trainer.save(tmp_path / "snap"))
     ids = set(saved["ids"].tolist())
     recent = trainer.table.tier.all_ids()
     assert not expired & ids and not expired & set(trainer.table.tier.rocks.all_ids().tolist())

@@ -5,10 +5,14 @@ process alone; each rank stores only the ids it owns, about half of them."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 
+from serving.loader import load_served_model
 from store.placement import shard_of
 from stream.schema import load_schema
 from tests.test_merge import assert_states_close, make_batches, settings, state
@@ -17,7 +21,7 @@ from trainer.group import launch_local
 from trainer.replica import Trainer
 from trainer.settings import GroupSettings
 from trainer.shard import exchange
-from trainer.snapshot import read_embeddings
+from trainer.snapshot import read_embeddings, read_manifest
 
 
 def sharded_settings(sparse: str = "ftrl"):
@@ -80,8 +84,9 @@ def exchange_case() -> list[list[float]]:
 
 
 def snapshot_delta_and_restore(root: str) -> dict:
-    """Sharded ranks write one whole snapshot (rank 0, from every rank's rows) and a delta of
-    every rank's changes; fresh sharded ranks restore the snapshot and keep their own ids."""
+    """Sharded ranks write a snapshot and a base publication (each rank its own rows' file) and a
+    delta of every rank's changes (on rank 0); fresh sharded ranks restore the snapshot and keep
+    their own ids."""
     import torch.distributed as dist
 
     rank, schema = dist.get_rank(), load_schema("criteo")
@@ -90,8 +95,9 @@ def snapshot_delta_and_restore(root: str) -> dict:
     for batch in batches[:3]:
         syncing.learn_sync(batch)
         sharded.learn_sharded(batch)
-    whole = sharded.whole_table()
-    path = sharded.save(root, manifest=sharded.manifest(), table=whole) if whole is not None else None
+    # every rank writes its own rows' file (nobody gathers the table), rank 0 the rest
+    path = sharded.save(root, manifest=sharded.manifest())
+    publication = sharded.publish_to(f"{root}/publications", sharded.manifest())
     syncing.table.take_changed(), sharded.table.take_changed()
     after_three = state(syncing)
     syncing.learn_sync(batches[3])
@@ -106,6 +112,7 @@ def snapshot_delta_and_restore(root: str) -> dict:
     snapshot = sorted(__import__("pathlib").Path(root).glob("step-*"))[-1]
     restored.restore(snapshot)
     out["snapshot"] = str(snapshot) if path is not None else None
+    out["publication"] = str(publication) if publication is not None else None
     out["restored"] = state(restored)
     return out
 
@@ -178,7 +185,14 @@ def test_sharded_ranks_fed_the_same_batch_equal_one_process():
 
 def test_snapshots_and_deltas_of_sharded_rows_hold_every_rank_s_rows_and_restore_into_shards(tmp_path):
     (first, second) = launch_local(snapshot_delta_and_restore, 2, str(tmp_path))
-    # the snapshot (written on rank 0 from every rank's rows) == the replicated rows after 3 steps
+    assert second["snapshot"] is None and second["publication"] is None  # rank 0 completes the folders
+    # one rows file per rank, each holding what its rank owns (at the snapshot: after 3 steps)
+    snapshot = Path(first["snapshot"])
+    assert read_manifest(snapshot).shards == 2 and not (snapshot / "embeddings.safetensors").exists()
+    for rank in (0, 1):
+        part = load_file(str(snapshot / f"embeddings-{rank:05d}-of-00002.safetensors"))["ids"].numpy()
+        assert len(part) and (shard_of(part, 2) == rank).all()
+    # together (read_embeddings joins the files) == the replicated rows after 3 steps
     written = read_embeddings(first["snapshot"])
     ids = written["ids"].numpy()
     assert len(ids) > 100
@@ -197,6 +211,10 @@ def test_snapshots_and_deltas_of_sharded_rows_hold_every_rank_s_rows_and_restore
         first["delta_rows"], np.stack([sync_rows[i] for i in first["delta_ids"].tolist()]), atol=1e-6
     )
     assert "delta_ids" not in second  # only rank 0 writes
+    # the base publication: the same rows, vectors only, in two files; serving loads them whole
+    served = load_served_model(first["publication"], "1", load_schema("criteo"))
+    np.testing.assert_array_equal(np.sort(served.table.tier.all_ids()), ids)
+    assert set(read_embeddings(first["publication"])) == {"ids", "vectors"}
 
 
 def test_sharding_needs_no_admission_yet():

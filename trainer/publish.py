@@ -143,26 +143,27 @@ def take_snapshot(
     events: int,
 ) -> tuple[Path | None, str | None]:
     """Rank 0 writes the recovery snapshot (kept on disk) and the serving publication (vectors only,
-    uploaded and registered); the replicas hold the same model right after a merge. Every replica
-    then commits its offsets. Returns (recovery snapshot path, registry version) on rank 0."""
+    uploaded and registered); the replicas hold the same model right after a merge. With sharded
+    rows every rank of rank 0's node writes its own rows' file of both. Every replica then commits
+    its offsets. Returns (recovery snapshot path, registry version) on rank 0."""
     offsets: dict[int, int] = {}
     for part in control.gather(trainer.offsets):  # replicas read disjoint partitions
         offsets.update(part)
     trainer.newest_event_ms = max(control.gather(trainer.newest_event_ms))  # the group's freshest event
     trainer.table.take_changed()  # a base holds every row: deltas start again from here
-    table = trainer.whole_table()  # with sharded rows: every rank's, on rank 0 (a collective)
     path = version = None
-    if publisher is not None and table is not None:
-        extra = {
-            "mlflow_run_id": publisher.run_id,
-            "workers": control.world,
-            "merge_every_steps": settings.group.merge_every_steps,
-        }
+    if trainer.writes_snapshots:
+        extra: dict[str, object] = {"workers": control.world, "merge_every_steps": settings.group.merge_every_steps}
+        if publisher is not None:
+            extra["mlflow_run_id"] = publisher.run_id
         manifest = trainer.manifest(offsets, extra, events)  # one manifest for both artifacts
-        path = trainer.save(settings.snapshot.dir, manifest=manifest, table=table)
-        publication = trainer.publish_to(Path(settings.snapshot.dir) / "publications", manifest, table)
-        version = publisher.publish(publication, trainer.step, recovery_bytes=folder_bytes(path))
-        shutil.rmtree(publication, ignore_errors=True)  # uploaded; the recovery snapshot stays
+        path = trainer.save(settings.snapshot.dir, manifest=manifest)  # sharded rows: a collective of the node
+        publication = trainer.publish_to(Path(settings.snapshot.dir) / "publications", manifest)
+        if publisher is not None and path is not None and publication is not None:
+            version = publisher.publish(publication, trainer.step, recovery_bytes=folder_bytes(path))
+            shutil.rmtree(publication, ignore_errors=True)  # uploaded; the recovery snapshot stays
+    else:
+        trainer.table.expire_cold()  # as save does on the writers: every replica drops its TTL-expired rows
     control.barrier()  # the snapshot is durable before any replica commits its offsets
     source.commit(offsets)
     return path, version

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
@@ -48,12 +49,13 @@ from trainer.settings import FAMILY_DEFAULTS, TrainerSettings
 from trainer.shard import ShardedTable
 from trainer.snapshot import (
     Manifest,
+    finish_snapshot,
     load_optimizer_state,
     load_snapshot,
+    publication_manifest,
     save_delta,
-    save_publication,
-    save_snapshot,
     snapshot_name,
+    write_rows,
 )
 from trainer.step import StepResult, backward, predict, train_step
 
@@ -346,11 +348,12 @@ class Trainer:
             newest_event_ms=self.newest_event_ms,
         )
 
-    def whole_table(self) -> EmbeddingTable | None:
-        """The table a snapshot or a base publication is written from: this replica's, or with
-        sharded rows every rank's gathered on rank 0 (None on the others). Collective when sharded."""
-        self.table.expire_cold()  # rows past their TTL leave RocksDB too (with sharded rows: every owner's)
-        return self.shards.gathered() if self.sharded else self.table
+    @property
+    def writes_snapshots(self) -> bool:
+        """Whether this replica takes part in writing snapshots and base publications: rank 0, and
+        with sharded rows every rank of its node (each writes its own rows' file). Replicas and
+        the other nodes hold the same rows right after a merge."""
+        return self.rank == 0 or (self.sharded and self.shards.writes_files())
 
     def changes(self, changed: np.ndarray) -> tuple[EmbeddingTable, np.ndarray] | None:
         """What a delta is written from: (table, changed ids) given this replica's take_changed;
@@ -365,27 +368,33 @@ class Trainer:
         extra: dict[str, object] | None = None,
         events: int | None = None,
         manifest: Manifest | None = None,
-        table: EmbeddingTable | None = None,
-    ) -> Path:
-        """Write a snapshot under root/step-NNNNNNNNN (see snapshot.py); offsets and events default
-        to this replica's (a group passes every replica's offsets and the job's total events), or
-        the whole manifest is given; the rows are `table`'s (whole_table(), which also drops what
-        TTL expired), by default this replica's own."""
-        if table is None:
-            table = self.table
-            table.expire_cold()  # rows past their TTL leave RocksDB too, not only the cached tiers
-        return save_snapshot(
-            Path(root) / snapshot_name(self.step),
-            manifest or self.manifest(offsets, extra, events),
-            self.model,
-            table,
-            self.optimizer,
-        )
+    ) -> Path | None:
+        """Write a recovery snapshot under root/step-NNNNNNNNN (see snapshot.py); offsets and events
+        default to this replica's (a group passes every replica's offsets and the job's total
+        events), or the whole manifest is given. Rows past their TTL leave RocksDB first. With
+        sharded rows a collective of the node (see writes_snapshots): returns the path on rank 0,
+        None on the others."""
+        self.table.expire_cold()  # rows past their TTL leave RocksDB too, not only the cached tiers
+        return self._write(root, manifest or self.manifest(offsets, extra, events), recovery=True)
 
-    def publish_to(self, root: str | Path, manifest: Manifest, table: EmbeddingTable | None = None) -> Path:
-        """Write the serving publication of this step under root/step-NNNNNNNNN (vectors only) from
-        `table` (whole_table()), by default this replica's."""
-        return save_publication(Path(root) / snapshot_name(self.step), manifest, self.model, table or self.table)
+    def publish_to(self, root: str | Path, manifest: Manifest) -> Path | None:
+        """Write the serving publication of this step under root/step-NNNNNNNNN (vectors only);
+        with sharded rows a collective of the node, like save."""
+        return self._write(root, publication_manifest(manifest), recovery=False)
+
+    def _write(self, root: str | Path, manifest: Manifest, recovery: bool) -> Path | None:
+        path = Path(root) / snapshot_name(self.step)
+        if not self.sharded or self.shards.world == 1:
+            write_rows(path, self.table, vectors_only=not recovery)
+        else:  # each rank its own rows' file; rank 0 the rest once every file is on disk
+            write_rows(path, self.table, not recovery, self.shards.rank, self.shards.world)
+            self.shards.barrier()
+            if self.rank != 0:
+                return None
+            manifest = replace(manifest, shards=self.shards.world)
+        if recovery:
+            return finish_snapshot(path, manifest, self.model, self.optimizer, self.table)
+        return finish_snapshot(path, manifest, self.model)
 
     def publish_delta_to(
         self, root: str | Path, manifest: Manifest, changed: np.ndarray, table: EmbeddingTable | None = None

@@ -139,18 +139,25 @@ class ShardedTable:
         self.local.mark_touched(union)  # what a k-step merge between nodes averages
         return len(union)
 
-    # --- what snapshots and publications are written from (rank 0 writes them) --------------
-    def gathered(self) -> EmbeddingTable | None:
-        """On rank 0, a table holding every rank's rows; None on the others. Collective. (Rank 0
-        holds the whole table for a moment: per-shard files would avoid it; not built yet.)"""
-        ids, rows = self.local.export()
-        parts = self._gather((ids, rows.numpy()))
-        return None if parts is None else self._table_of(parts)
+    # --- what snapshots, publications and deltas are written from ----------------------------
+    def writes_files(self) -> bool:
+        """Whether this rank writes its rows' file into snapshots and base publications: the ranks
+        of the node holding the job's rank 0 (the other nodes hold the same rows after a merge)."""
+        if not dist.is_initialized():
+            return True
+        return (dist.get_global_rank(self.group, 0) if self.group is not None else 0) == 0
+
+    def barrier(self) -> None:
+        """Wait for every rank of the group (their rows' files are on disk after it)."""
+        if not alone(self.group):
+            dist.barrier(group=self.group)
 
     def gathered_changes(self, changed: np.ndarray) -> tuple[EmbeddingTable, np.ndarray] | None:
         """For a delta: each rank's changed ids (its take_changed) -> on rank 0, a table of the
         changed rows the ranks still hold and the union of the changed ids (those not held were
-        removed: the delta says so); None on the others. Collective."""
+        removed: the delta says so); None on the others. Collective. (A delta holds the rows
+        changed in a few seconds, so one rank can hold them; snapshots and bases are written
+        shard by shard instead, see Trainer.save.)"""
         rows, held = self.local.stored_rows(changed)
         parts = self._gather((changed[held], rows[torch.from_numpy(held)].numpy(), changed))
         if parts is None:

@@ -14,7 +14,10 @@ applies deltas in order, in place (serving/loader.py). Files:
     optimizer.safetensors    the dense Adam state, flattened ("<param index>.<key>")
     embeddings.safetensors   ids int64 (n,), vectors float32 (n, E+1), exp_avg, exp_avg_sq (n, E+1)
                              (the two optimizer-state blocks of each row, whatever the sparse
-                             optimizer keeps there: see store/sparse_optim.py)
+                             optimizer keeps there: see store/sparse_optim.py); with rows sharded
+                             over a node's N ranks, one file per rank instead, each written by
+                             its owner (embeddings-RRRRR-of-NNNNN.safetensors, manifest.shards = N),
+                             so no rank ever holds the whole table
     admission.safetensors    the admission sketch's counters (only with min_count >= 2)
 
 The manifest is written last, so a folder without one is incomplete and never loaded.
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -74,6 +77,7 @@ class Manifest:
     newest_event_ms: int = 0  # the newest event time the model has learned (ms): how fresh it is
     base_step: int = 0  # publications: the step of the base a delta applies to (a base: its own step)
     sequence: int = 0  # deltas: 1, 2, ... after their base, applied in this order; 0 for a base
+    shards: int = 1  # files the rows are in: 1 (EMBEDDINGS), or one per rank of a node with sharded rows
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,45 +87,46 @@ class Snapshot:
     table: EmbeddingTable
 
 
-def save_snapshot(
+def rows_file(shard: int = 0, shards: int = 1) -> str:
+    """The name of the file holding the rows: EMBEDDINGS, or shard `shard` of `shards`."""
+    return EMBEDDINGS if shards <= 1 else f"embeddings-{shard:05d}-of-{shards:05d}.safetensors"
+
+
+def write_rows(path: str | Path, table: EmbeddingTable, vectors_only: bool, shard: int = 0, shards: int = 1) -> None:
+    """Every row `table` holds into the folder's rows file (shard `shard` of `shards`): ids and
+    vectors, and for a recovery snapshot (vectors_only False) the optimizer state too."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    ids, rows = table.export()
+    vectors, state_a, state_b = split_rows(rows, table.dim)
+    tensors = {"ids": torch.from_numpy(ids), "vectors": vectors.contiguous()}
+    if not vectors_only:
+        tensors |= {"exp_avg": state_a.contiguous(), "exp_avg_sq": state_b.contiguous()}
+    save_file(tensors, path / rows_file(shard, shards))
+
+
+def finish_snapshot(
     path: str | Path,
     manifest: Manifest,
     model: CtrModel,
-    table: EmbeddingTable,
     optimizer: torch.optim.Optimizer | None = None,
+    table: EmbeddingTable | None = None,
 ) -> Path:
+    """After the rows file(s): the dense weights, the dense optimizer state and the table's
+    admission counters (recovery), then the manifest, which makes the folder complete."""
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, path / DENSE)
     if optimizer is not None:
         save_file(_flat_optimizer_state(optimizer), path / OPTIMIZER)
-    ids, rows = table.export()
-    vectors, state_a, state_b = split_rows(rows, table.dim)
-    save_file(
-        {
-            "ids": torch.from_numpy(ids),
-            "vectors": vectors.contiguous(),
-            "exp_avg": state_a.contiguous(),
-            "exp_avg_sq": state_b.contiguous(),
-        },
-        path / EMBEDDINGS,
-    )
-    if table.sketch is not None:
+    if table is not None and table.sketch is not None:
         counts = torch.from_numpy(table.sketch.counts.view(np.int16).copy())
         save_file({"counts": counts, "added": torch.tensor([table.sketch.added])}, path / ADMISSION)
     return _complete(path, manifest)
 
 
-def save_publication(path: str | Path, manifest: Manifest, model: CtrModel, table: EmbeddingTable) -> Path:
-    """What serving loads: manifest (kind "publication"), dense weights, ids and vectors. No
-    optimizer state, no admission counters; the manifest is written last, as for snapshots."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, path / DENSE)
-    ids, rows = table.export()
-    vectors, _, _ = split_rows(rows, table.dim)
-    save_file({"ids": torch.from_numpy(ids), "vectors": vectors.contiguous()}, path / EMBEDDINGS)
-    return _complete(path, replace(manifest, kind="publication", base_step=manifest.step, sequence=0))
+def publication_manifest(manifest: Manifest) -> Manifest:
+    """A base publication's manifest: its own base, no delta applied yet."""
+    return replace(manifest, kind="publication", base_step=manifest.step, sequence=0)
 
 
 def save_delta(
@@ -184,10 +189,25 @@ def read_manifest(path: str | Path) -> Manifest:
 
 
 def read_embeddings(path: str | Path) -> dict[str, torch.Tensor]:
-    try:
-        return load_file(str(Path(path) / EMBEDDINGS))
-    except Exception as exc:  # safetensors raises its own error type on a truncated or corrupt file
-        raise SnapshotError(f"snapshot {path}: {EMBEDDINGS} is unreadable ({exc}); refusing it") from None
+    """The folder's rows as one set of tensors ("ids" sorted when the rows were sharded over files)."""
+    parts = list(read_rows_files(path))
+    if len(parts) == 1:
+        return parts[0]
+    joined = {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
+    order = torch.from_numpy(np.argsort(joined["ids"].numpy(), kind="stable"))
+    return {key: value[order] for key, value in joined.items()}
+
+
+def read_rows_files(path: str | Path) -> Iterator[dict[str, torch.Tensor]]:
+    """The folder's rows file by file (one, or one per shard as its manifest says), so a reader
+    keeping a share of the rows never holds them all."""
+    shards = read_manifest(path).shards if (Path(path) / MANIFEST).is_file() else 1
+    for shard in range(shards):
+        file = Path(path) / rows_file(shard, shards)
+        try:
+            yield load_file(str(file))
+        except Exception as exc:  # safetensors raises its own error type on a truncated or corrupt file
+            raise SnapshotError(f"snapshot {path}: {file.name} is unreadable ({exc}); refusing it") from None
 
 
 def load_model(path: str | Path, manifest: Manifest) -> CtrModel:
@@ -207,13 +227,13 @@ def load_snapshot(
     manifest = read_manifest(path)
     if TableConfig.from_dict(manifest.table) != table.config:  # type: ignore[arg-type]
         raise SnapshotError(f"snapshot {path}: table config {manifest.table} differs from {table.config}")
-    emb = read_embeddings(path)
-    ids = emb["ids"].numpy().astype(np.int64)
-    rows = join_rows(emb["vectors"], emb["exp_avg"], emb["exp_avg_sq"])
-    if keep is not None:
-        mask = keep(ids)
-        ids, rows = ids[mask], rows[torch.from_numpy(mask)]
-    table.load(ids, rows)
+    for emb in read_rows_files(path):  # file by file: with `keep`, only a share is ever held
+        ids = emb["ids"].numpy().astype(np.int64)
+        rows = join_rows(emb["vectors"], emb["exp_avg"], emb["exp_avg_sq"])
+        if keep is not None:
+            mask = keep(ids)
+            ids, rows = ids[mask], rows[torch.from_numpy(mask)]
+        table.load(ids, rows)
     if table.sketch is not None and (Path(path) / ADMISSION).is_file():
         sketch = load_file(str(Path(path) / ADMISSION))
         table.sketch.load(sketch["counts"].numpy().view(np.uint16), int(sketch["added"][0]))
