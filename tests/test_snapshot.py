@@ -64,6 +64,13 @@ def test_incomplete_or_foreign_snapshots_are_refused(schema, tmp_path):
     (path / "manifest.json").write_text(json.dumps({**manifest, "format": "pickle"}))
     with pytest.raises(SnapshotError, match="format"):
         read_manifest(path)
+    # a manifest promising rows in 2 files (sharded rows) where the second is missing
+    (path / "embeddings.safetensors").rename(path / "embeddings-00000-of-00002.safetensors")
+    (path / "manifest.json").write_text(json.dumps({**manifest, "shards": 2}))
+    with pytest.raises(SnapshotError, match="embeddings-00001-of-00002.safetensors is unreadable"):
+        read_embeddings(path)
+    with pytest.raises(SnapshotError, match="embeddings-00001-of-00002"):
+        load_served_model(path, "1", schema)
 
 
 def test_no_pickle_anywhere(schema, tmp_path):
