@@ -226,6 +226,7 @@ def run_store_bench(
         disk_bytes=ids * 400,
         path=str(work / "rocks"),
         device=device,
+        device_tier=device != "cpu",  # as the trainer: on the CPU the RAM tier is the top cache
     )
     store = TieredStore(width, config)
     start = time.perf_counter()
@@ -255,7 +256,7 @@ def run_store_bench(
     result.update(rss_parts())  # how much of it is the process's own memory, how much mapped RocksDB files
     result["disk_bytes"] = sum(f.stat().st_size for f in Path(config.path).rglob("*") if f.is_file())
     result["ram_budget_bytes"] = config.ram_bytes
-    result["device_budget_bytes"] = config.device_bytes
+    result["device_budget_bytes"] = config.device_bytes if config.device_tier else 0  # the CPU has no device tier
     result["table_to_ram_budget_ratio"] = ids * RAW_ROW_BYTES / config.ram_bytes
     result["ram_bytes_per_row_ratio"] = ram_tier_bytes_per_row(store.ram) / RAW_ROW_BYTES if len(store.ram) else None
     result["ram_tier_rows"] = len(store.ram)

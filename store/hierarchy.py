@@ -1,18 +1,19 @@
 """TieredStore: device -> host RAM -> RocksDB behind the one Tier interface.
 
-- device tier: a fixed tensor of rows on the trainer's device (HBM under CUDA, a CPU tensor
-  otherwise); every row a batch trains ends up here.
+- device tier (on a CUDA device): a fixed tensor of rows in HBM; every row a batch trains ends
+  up here. A CPU trainer has none (`device_tier=False`): its top cache is the RAM tier, since a
+  device tier in host memory would only copy and index every row twice.
 - RAM tier: host memory (pinned under CUDA), exclusive with the device tier: a row's live state
-  is in exactly one of the two, never split.
-- RocksDB: every row that has left RAM, and every row at a checkpoint (write-back).
+  is in exactly one of the caches, never split.
+- RocksDB: every row that has left the caches, and every row at a checkpoint (write-back).
 
 Per batch, vectorized: `read` resolves each id to the highest tier holding it; `write` puts the
-updated rows on the device, evicting others (LRU or LFU) to RAM, and RAM victims to RocksDB when
-they are dirty. Rows unseen for `ttl_steps` are dropped from every tier. Everything is counted in
-`stats()`.
+updated rows in the top cache, evicting others (LRU or LFU) down a level, and the last cache's
+victims to RocksDB when they are dirty. Rows unseen for `ttl_steps` are dropped from every tier.
+Everything is counted in `stats()`.
 
 Pipelined (`pipelined=True`, the default): RocksDB traffic runs on one IO thread (pipeline.py).
-`prefetch(ids)` of the next batch reads its cold rows while this batch trains, and dirty RAM
+`prefetch(ids)` of the next batch reads its cold rows while this batch trains, and dirty
 victims are written down in the background; reads see in-flight rows first, so the results are
 those of the serial store (tests/test_hierarchy.py pins it).
 """
@@ -49,6 +50,9 @@ class HierarchyConfig:
     ttl_steps: int = 0  # drop rows unseen for this many steps; 0 = never
     evict_slack: float = at_least(0, 0.05)  # evict this fraction of a tier's capacity extra, to evict less often
     pipelined: bool = True  # RocksDB reads ahead (prefetch) and write-backs behind, on an IO thread
+    # a device tier above RAM. The trainer has one only on a CUDA device: on the CPU it would be a
+    # second cache in the same memory, and every row would be copied and indexed twice per step
+    device_tier: bool = True
 
     def __post_init__(self) -> None:
         check_fields(self, "HierarchyConfig", StoreError)
@@ -59,8 +63,14 @@ class TieredStore:
         self.width = width
         self.config = config
         self.capacity_bytes = config.disk_bytes
-        self.device = RamTier(width, config.device_bytes, device=config.device, preallocate=True)
+        self.device = (
+            RamTier(width, config.device_bytes, device=config.device, preallocate=True) if config.device_tier else None
+        )
         self.ram = RamTier(width, config.ram_bytes, pin=config.device.startswith("cuda"))
+        # the caches, fastest first: a trained row is written to caches[0]; a victim of caches[i]
+        # moves down to caches[i + 1], a victim of the last one goes to RocksDB (if it is dirty)
+        self.caches = [self.device, self.ram] if self.device is not None else [self.ram]
+        self._names = ["device", "ram"] if self.device is not None else ["ram"]
         self.rocks = RocksTier(config.path, width, config.disk_bytes, wal=False)  # durability = checkpoint
         self.io = RocksPipeline(self.rocks, asynchronous=config.pipelined)  # the hot path's RocksDB traffic
         self.step = 0
@@ -70,37 +80,34 @@ class TieredStore:
         self._cold_found = np.zeros(0, dtype=bool)
         self.counters: Counter[str] = Counter()
         self._expired: list[np.ndarray] = []  # ids dropped by TTL since the last take_expired()
-        if self.device.capacity_rows < 1 or self.ram.capacity_rows < 1:
+        if any(cache.capacity_rows < 1 for cache in self.caches):
             raise StoreError(
-                f"hierarchy: device_bytes and ram_bytes must each hold at least one row ({self.device.row_bytes} bytes)"
+                f"hierarchy: device_bytes and ram_bytes must each hold at least one row ({self.ram.row_bytes} bytes)"
             )
 
     # --- the Tier interface -------------------------------------------------------------
     def read(self, ids: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
-        rows = torch.zeros((len(ids), self.width), dtype=torch.float32, device=self.device.device)
-        d_rows, d_found = self.device.read(ids)
-        rows[torch.from_numpy(d_found).to(rows.device)] = d_rows[torch.from_numpy(d_found).to(rows.device)]
-        found = d_found.copy()
-        rest = np.nonzero(~found)[0]
-        r_rows, r_found = self.ram.read(ids[rest])
-        take = rest[r_found]
-        rows[torch.from_numpy(take).to(rows.device)] = r_rows[torch.from_numpy(r_found)].to(rows.device)
-        found[take] = True
-        rest = rest[~r_found]
+        top = self.caches[0]
+        rows = torch.zeros((len(ids), self.width), dtype=torch.float32, device=top.device)
+        found = np.zeros(len(ids), dtype=bool)
+        rest = np.arange(len(ids))
+        for name, cache in zip(self._names, self.caches, strict=True):
+            c_rows, c_found = cache.read(ids[rest])
+            take = rest[c_found]
+            rows[torch.from_numpy(take).to(rows.device)] = c_rows[torch.from_numpy(c_found).to(c_rows.device)].to(
+                rows.device
+            )
+            found[take] = True
+            rest = rest[~c_found]
+            self.counters[f"{name}_hits"] += int(c_found.sum())
         c_rows, c_found = self.io.read(ids[rest])
         order = np.argsort(ids[rest], kind="stable")
         self._cold_ids, self._cold_found = ids[rest][order], c_found[order]
         take = rest[c_found]
         rows[torch.from_numpy(take).to(rows.device)] = c_rows[torch.from_numpy(c_found)].to(rows.device)
         found[take] = True
-        self.counters.update(
-            {
-                "device_hits": int(d_found.sum()),
-                "ram_hits": int(r_found.sum()),
-                "rocksdb_hits": int(c_found.sum()),
-                "misses": int((~found).sum()),
-            }
-        )
+        self.counters["rocksdb_hits"] += int(c_found.sum())
+        self.counters["misses"] += int((~found).sum())
         return rows, found
 
     def write(self, ids: np.ndarray, rows: torch.Tensor, step: int = 0) -> None:
@@ -108,7 +115,7 @@ class TieredStore:
         than the device tier (a replica merge writes back every row touched since the last merge)
         goes through in chunks: earlier chunks are evicted down to make room for later ones."""
         self.step = max(self.step, step)
-        chunk = self.device.capacity_rows
+        chunk = self.caches[0].capacity_rows
         for start in range(0, len(ids), chunk):
             end = start + chunk
             self._write_chunk(ids[start:end], rows[start:end], upcoming=ids[start:])
@@ -116,27 +123,31 @@ class TieredStore:
             self.expire()
 
     def _write_chunk(self, ids: np.ndarray, rows: torch.Tensor, upcoming: np.ndarray) -> None:
-        """Promote ids (at most the device tier's capacity) to the device. Making room never
-        evicts these ids from the device, nor `upcoming` ones (this and later chunks) from RAM."""
-        new_ids = ids[~self.device.contains(ids)]
-        # rows coming up from RAM leave it first (making room there) and carry their bookkeeping
+        """Put ids (at most the top cache's capacity) in the top cache. Making room never evicts
+        these ids, nor `upcoming` ones (this and later chunks) from the caches below."""
+        top = self.caches[0]
+        new_ids = ids[~top.contains(ids)]
+        # rows coming up from a lower cache leave it first (making room there) and carry their bookkeeping
         freq = np.zeros(len(new_ids), dtype=np.int64)
         on_disk = np.zeros(len(new_ids), dtype=bool)
-        ram_slots = self.ram.slots(new_ids)
-        in_ram = ram_slots >= 0
-        if in_ram.any():
-            freq[in_ram] = self.ram.freq[ram_slots[in_ram]]
-            on_disk[in_ram] = self.ram.on_disk[ram_slots[in_ram]]
-            self.ram.remove(new_ids[in_ram])
-        on_disk |= self._known_on_disk(new_ids, ~in_ram)
-        need = len(new_ids) - self.device.free_rows
+        cached = np.zeros(len(new_ids), dtype=bool)
+        for cache in self.caches[1:]:
+            slots = cache.slots(new_ids)
+            held = slots >= 0
+            if held.any():
+                freq[held] = cache.freq[slots[held]]
+                on_disk[held] = cache.on_disk[slots[held]]
+                cache.remove(new_ids[held])
+                cached |= held
+        on_disk |= self._known_on_disk(new_ids, ~cached)
+        need = len(new_ids) - top.free_rows
         if need > 0:
-            self._evict_device(need + int(self.config.evict_slack * self.device.capacity_rows), ids, upcoming)
+            self._evict(0, need + int(self.config.evict_slack * top.capacity_rows), ids, upcoming)
         self.counters["promotions"] += len(new_ids)
-        self.device.write(ids, rows, step=self.step)
+        top.write(ids, rows, step=self.step)
         if len(new_ids):
-            _, dfreq = self.device.meta(new_ids)[:2]
-            self.device.set_meta(new_ids, np.full(len(new_ids), self.step), dfreq + freq, on_disk)
+            _, top_freq = top.meta(new_ids)[:2]
+            top.set_meta(new_ids, np.full(len(new_ids), self.step), top_freq + freq, on_disk)
 
     def _known_on_disk(self, ids: np.ndarray, ask: np.ndarray) -> np.ndarray:
         """on_disk (n,) for ids[ask] (False elsewhere): from the last read where it looked them up,
@@ -163,7 +174,7 @@ class TieredStore:
         background; the next `read` uses them. Ids this batch just read from RocksDB are skipped
         (its `write` promotes them)."""
         ids = np.unique(ids)
-        cold = ~(self.device.contains(ids) | self.ram.contains(ids))
+        cold = ~self._cached(ids)
         if len(self._cold_ids):
             pos = np.searchsorted(self._cold_ids, ids).clip(max=len(self._cold_ids) - 1)
             cold &= self._cold_ids[pos] != ids
@@ -176,60 +187,65 @@ class TieredStore:
             self.rocks.write(ids[start : start + 65536], rows[start : start + 65536], step=self.step)
 
     def remove(self, ids: np.ndarray) -> int:
-        present = self.device.contains(ids) | self.ram.contains(ids) | self.io.contains(ids)
-        self.device.remove(ids)
-        self.ram.remove(ids)
+        present = self._cached(ids) | self.io.contains(ids)
+        for cache in self.caches:
+            cache.remove(ids)
         self.io.remove(ids)
         return int(present.sum())
 
     def all_ids(self) -> np.ndarray:
         self.io.drain()
-        return np.unique(np.concatenate([self.device.all_ids(), self.ram.all_ids(), self.rocks.all_ids()]))
+        return np.unique(np.concatenate([*(cache.all_ids() for cache in self.caches), self.rocks.all_ids()]))
 
     def __len__(self) -> int:
         return len(self.all_ids())
 
     def bytes_used(self) -> int:
-        return self.device.bytes_used() + self.ram.bytes_used() + self.rocks.bytes_used()
+        return sum(cache.bytes_used() for cache in self.caches) + self.rocks.bytes_used()
+
+    def _cached(self, ids: np.ndarray) -> np.ndarray:
+        """held (n,): some cache (device or RAM) holds the row."""
+        held = self.caches[0].contains(ids)
+        for cache in self.caches[1:]:
+            held |= cache.contains(ids)
+        return held
 
     # --- movement between tiers ---------------------------------------------------------
-    def _evict_device(self, count: int, keep: np.ndarray, keep_in_ram: np.ndarray) -> None:
-        victims = self.device.victims(count, self.config.policy, keep)
+    def _evict(self, level: int, count: int, keep: np.ndarray, keep_below: np.ndarray) -> None:
+        """Make room in caches[level]: `count` victims (never ids in `keep`) move down to the next
+        cache, evicting from it in turn (never ids in `keep_below`); the last cache's dirty victims,
+        and what the next cache cannot take, are written back to RocksDB."""
+        cache = self.caches[level]
+        victims = cache.victims(count, self.config.policy, keep)
         if not len(victims):
             return
-        rows, _ = self.device.read(victims)
-        last_seen, freq, _ = self.device.meta(victims)
-        on_disk = self.device.disk_flags(victims)
-        need = len(victims) - self.ram.free_rows
-        if need > 0:
-            self._evict_ram(need + int(self.config.evict_slack * self.ram.capacity_rows), keep_in_ram)
-        take = min(len(victims), self.ram.free_rows)
-        if take < len(victims):  # RAM smaller than the overflow: the rest goes straight down
-            self.io.write(victims[take:], rows[take:], last_seen[take:], freq[take:], int((~on_disk[take:]).sum()))
-            self.counters["writebacks"] += len(victims) - take
-        self.ram.write(victims[:take], rows[:take].cpu(), dirty=True)
-        self.ram.set_meta(victims[:take], last_seen[:take], freq[:take], on_disk[:take])
-        self.device.remove(victims)
-        self.counters["device_evictions"] += len(victims)
-
-    def _evict_ram(self, count: int, keep: np.ndarray) -> None:
-        victims = self.ram.victims(count, self.config.policy, keep)
-        if not len(victims):
-            return
-        last_seen, freq, dirty = self.ram.meta(victims)
-        if dirty.any():
-            rows, _ = self.ram.read(victims[dirty])
-            new_rows = int((~self.ram.disk_flags(victims[dirty])).sum())
-            self.io.write(victims[dirty], rows, last_seen[dirty], freq[dirty], new_rows)
-            self.counters["writebacks"] += int(dirty.sum())
-        self.ram.remove(victims)
-        self.counters["ram_evictions"] += len(victims)
+        last_seen, freq, dirty = cache.meta(victims)
+        on_disk = cache.disk_flags(victims)
+        moved = 0
+        if level + 1 < len(self.caches):
+            below = self.caches[level + 1]
+            rows, _ = cache.read(victims)
+            need = len(victims) - below.free_rows
+            if need > 0:
+                slack = int(self.config.evict_slack * below.capacity_rows)
+                self._evict(level + 1, need + slack, keep_below, keep_below)
+            moved = min(len(victims), below.free_rows)
+            below.write(victims[:moved], rows[:moved].cpu(), dirty=dirty[:moved])
+            below.set_meta(victims[:moved], last_seen[:moved], freq[:moved], on_disk[:moved])
+        # what no cache takes goes down to RocksDB if RocksDB's copy is older (dirty)
+        down = moved + np.nonzero(dirty[moved:])[0]
+        if len(down):
+            rows, _ = cache.read(victims[down])
+            self.io.write(victims[down], rows, last_seen[down], freq[down], int((~on_disk[down]).sum()))
+            self.counters["writebacks"] += len(down)
+        cache.remove(victims)
+        self.counters[f"{self._names[level]}_evictions"] += len(victims)
 
     def expire(self) -> int:
         """Drop rows unseen for ttl_steps from the device and RAM tiers (RocksDB: expire_cold)."""
         horizon = self.step - self.config.ttl_steps
         dropped = 0
-        for tier in (self.device, self.ram):
+        for tier in self.caches:
             ids, slots = tier.resident()
             old = ids[tier.last_seen[slots] < horizon]
             if len(old):
@@ -249,7 +265,7 @@ class TieredStore:
         ids = self.rocks.all_ids()
         _, _, last_seen, _ = self.rocks.read_with_meta(ids)
         old = ids[last_seen < self.step - self.config.ttl_steps]
-        old = old[~(self.device.contains(old) | self.ram.contains(old))]
+        old = old[~self._cached(old)]
         self.io.remove(old)
         self._expired.append(old)
         self.counters["expired"] += len(old)
@@ -263,13 +279,12 @@ class TieredStore:
 
     # --- persistence ------------------------------------------------------------------
     def flush(self) -> None:
-        """Write every device row and every dirty RAM row down to RocksDB (they stay cached)."""
+        """Write every dirty cached row down to RocksDB (they stay cached, now clean)."""
         self.io.drain()
-        for tier in (self.device, self.ram):
+        for tier in self.caches:
             ids, slots = tier.resident()
-            if tier is self.ram:
-                keep = tier.dirty[slots]
-                ids, slots = ids[keep], slots[keep]
+            keep = tier.dirty[slots]
+            ids, slots = ids[keep], slots[keep]
             if len(ids):
                 rows, _ = tier.read(ids)
                 self.rocks.write(
@@ -340,10 +355,10 @@ class TieredStore:
             "ram_evictions": float(c["ram_evictions"]),
             "writebacks": float(c["writebacks"]),
             "expired": float(c["expired"]),
-            "rows_device": float(len(self.device)),
+            "rows_device": float(len(self.device)) if self.device is not None else 0.0,
             "rows_ram": float(len(self.ram)),
             "rows_rocksdb": float(len(self.rocks)),
-            "bytes_device": float(self.device.bytes_used()),
+            "bytes_device": float(self.device.bytes_used()) if self.device is not None else 0.0,
             "bytes_ram": float(self.ram.bytes_used()),
             "bytes_rocksdb": float(self.rocks.bytes_used()),
             "prefetch_overlap": self.io.overlap(),

@@ -95,7 +95,8 @@ class RamTier:
             rows[hit] = self._rows[torch.from_numpy(slots[found]).to(self.device)]
         return rows, found
 
-    def write(self, ids: np.ndarray, rows: torch.Tensor, step: int = 0, dirty: bool = True) -> None:
+    def write(self, ids: np.ndarray, rows: torch.Tensor, step: int = 0, dirty: bool | np.ndarray = True) -> None:
+        """Insert or overwrite rows of unique ids; dirty: one flag for all, or one per id."""
         if rows.shape != (len(ids), self.width):
             raise StoreError(f"RamTier.write: rows shape {tuple(rows.shape)}, expected ({len(ids)}, {self.width})")
         slots = self.slots(ids)

@@ -103,6 +103,7 @@ TIERS = {
     "hierarchy": lambda tmp: tiny_hierarchy(tmp / "tiered"),
     "hierarchy-serial": lambda tmp: tiny_hierarchy(tmp / "tiered", pipelined=False),
     "hierarchy-lfu": lambda tmp: tiny_hierarchy(tmp / "tiered", device_rows=12, ram_rows=8, policy="lfu"),
+    "hierarchy-no-device-tier": lambda tmp: tiny_hierarchy(tmp / "tiered", ram_rows=8, device_tier=False),
 }
 
 

@@ -20,9 +20,13 @@ from tests.helpers import tiny_hierarchy, zipf_batches
 from trainer.model import CtrModel, ModelConfig
 from trainer.step import train_step
 
+# the CPU trainer's layout (RAM -> RocksDB) and the GPU trainer's (device -> RAM -> RocksDB), both on the CPU
+CACHES = pytest.mark.parametrize("device_tier", [True, False], ids=["device-ram-rocksdb", "ram-rocksdb"])
 
-def test_eviction_never_loses_a_dirty_row(tmp_path):
-    store = tiny_hierarchy(tmp_path / "h", device_rows=8, ram_rows=8)
+
+@CACHES
+def test_eviction_never_loses_a_dirty_row(tmp_path, device_tier):
+    store = tiny_hierarchy(tmp_path / "h", device_rows=8, ram_rows=8, device_tier=device_tier)
     rng = np.random.default_rng(0)
     truth: dict[int, np.ndarray] = {}
     for step in range(1, 60):
@@ -37,11 +41,14 @@ def test_eviction_never_loses_a_dirty_row(tmp_path):
     assert found.all()
     np.testing.assert_array_equal(rows.numpy(), np.stack([truth[int(k)] for k in keys]))
     stats = store.stats()
-    assert stats["device_evictions"] > 0 and stats["ram_evictions"] > 0 and stats["writebacks"] > 0
+    assert stats["ram_evictions"] > 0 and stats["writebacks"] > 0
     assert stats["rows_device"] <= 8 and stats["rows_ram"] <= 8
     assert set(store.all_ids().tolist()) == set(truth)
-    # a row lives in the device tier or the RAM tier, never both
-    assert not (set(store.device.all_ids().tolist()) & set(store.ram.all_ids().tolist()))
+    if device_tier:  # a row lives in the device tier or the RAM tier, never both
+        assert stats["device_evictions"] > 0
+        assert not (set(store.device.all_ids().tolist()) & set(store.ram.all_ids().tolist()))
+    else:
+        assert store.device is None and stats["rows_device"] == stats["device_evictions"] == 0
     # write-backs that skip RocksDB's existence check (cached rows know they have a copy) count exactly
     assert len(store.rocks) == len(store.rocks.all_ids())
     store.flush()
@@ -59,8 +66,10 @@ def test_lru_and_lfu_pick_different_victims():
     assert tier.victims(3, "lru", keep=np.array([1])).tolist() not in ([1],)
 
 
-def test_ttl_drops_rows_from_every_tier(tmp_path):
-    store = tiny_hierarchy(tmp_path / "h", device_rows=4, ram_rows=4, ttl_steps=3)
+@CACHES
+def test_ttl_drops_rows_from_every_tier(tmp_path, device_tier):
+    cached = {"device_rows": 4, "ram_rows": 4} if device_tier else {"ram_rows": 8}  # 8 cached rows either way
+    store = tiny_hierarchy(tmp_path / "h", ttl_steps=3, device_tier=device_tier, **cached)
     store.write(np.array([7], dtype=np.int64), torch.ones(1, 6), step=1)
     for step in range(2, 12):
         store.write(np.array([100 + step], dtype=np.int64), torch.ones(1, 6), step=step)
@@ -84,20 +93,22 @@ def test_the_sweep_each_snapshot_runs_drops_expired_rows_from_rocksdb(tmp_path):
     assert table.expire_cold() == 0 and EmbeddingTable(RamTier(6, 1 << 20), table.config).expire_cold() == 0
 
 
-def test_a_write_larger_than_the_device_tier_goes_through_in_chunks(tmp_path):
-    """A replica merge writes back every row touched since the last merge: more than the device holds."""
-    store = tiny_hierarchy(tmp_path / "h", device_rows=4, ram_rows=4)
+@CACHES
+def test_a_write_larger_than_the_top_cache_goes_through_in_chunks(tmp_path, device_tier):
+    """A replica merge writes back every row touched since the last merge: more than the top cache holds."""
+    store = tiny_hierarchy(tmp_path / "h", device_rows=4, ram_rows=4, device_tier=device_tier)
     ids = np.arange(11, dtype=np.int64)
     rows = torch.from_numpy(np.repeat(ids[:, None], 6, 1).astype(np.float32))
     store.write(ids, rows, step=1)
     got, found = store.read(ids)
     assert found.all()
     torch.testing.assert_close(got.cpu(), rows)
-    assert len(store.device) <= 4
+    assert len(store.caches[0]) <= 4 and store.stats()["writebacks"] >= 11 - 8
 
 
-def test_checkpoint_restore_round_trip(tmp_path):
-    store = tiny_hierarchy(tmp_path / "h", device_rows=4, ram_rows=4)
+@CACHES
+def test_checkpoint_restore_round_trip(tmp_path, device_tier):
+    store = tiny_hierarchy(tmp_path / "h", device_rows=4, ram_rows=4, device_tier=device_tier)
     ids = np.arange(20, dtype=np.int64)
     for chunk in np.array_split(ids, 5):
         store.write(chunk, torch.from_numpy(np.repeat(chunk[:, None], 6, 1).astype(np.float32)), step=3)
@@ -146,20 +157,24 @@ def _train(tier, batches, prefetch: bool = False):
     return model, table
 
 
+@CACHES
 @pytest.mark.parametrize(
     "pipelined, prefetch, split",
     [(False, False, False), (True, False, False), (True, True, False), (True, True, True)],
     ids=["serial", "async-writeback", "prefetch", "prefetch-split-reads"],
 )
-def test_tiny_budgets_train_the_same_model_as_one_unbounded_tier(tmp_path, monkeypatch, pipelined, prefetch, split):
+def test_tiny_budgets_train_the_same_model_as_one_unbounded_tier(
+    tmp_path, monkeypatch, pipelined, prefetch, split, device_tier
+):
     if split:  # every prefetch read as two parallel multi-gets
         monkeypatch.setattr("store.pipeline.SPLIT_READ_ROWS", 2)
     batches = zipf_batches(40)
     reference_model, reference = _train(RamTier(12, 1 << 26), batches)
-    tier = tiny_hierarchy(tmp_path / "h", width=12, device_rows=160, ram_rows=40, pipelined=pipelined)
+    cached = {"device_rows": 160, "ram_rows": 40} if device_tier else {"ram_rows": 160}
+    tier = tiny_hierarchy(tmp_path / "h", width=12, pipelined=pipelined, device_tier=device_tier, **cached)
     tiered_model, tiered = _train(tier, batches, prefetch)
     stats = tiered.tier.stats()
-    assert stats["device_evictions"] > 0 and stats["writebacks"] > 0
+    assert stats["device_evictions" if device_tier else "ram_evictions"] > 0 and stats["writebacks"] > 0
     if prefetch:  # rows came from the prefetch while write-backs of evicted rows were in flight
         assert stats["io_prefetched_rows"] > 0 and stats["io_prefetches"] == len(batches) - 1
     ids, rows = reference.export()
@@ -288,7 +303,9 @@ def test_trainer_on_the_hierarchy_snapshots_and_serves_the_same_predictions(sche
     for s in range(6):
         events = [event_from_mapping(criteo_event(s * 40 + i), schema) for i in range(40)]
         trainer.learn(batch_from_features([featurize(events, schema)]))
-    assert isinstance(trainer.table.tier, TieredStore) and trainer.table.stats()["device_evictions"] > 0
+    tier = trainer.table.tier
+    assert isinstance(tier, TieredStore) and tier.device is None  # a CPU trainer: RAM -> RocksDB
+    assert trainer.table.stats()["ram_evictions"] > 0 and trainer.table.stats()["writebacks"] > 0
     path = trainer.save(tmp_path / "snap")
     events = [event_from_mapping(criteo_event(i), schema) for i in range(60)]
     batch = batch_from_features([featurize(events, schema)])

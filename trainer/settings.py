@@ -67,7 +67,8 @@ class OptimSettings:
 class StoreSettings:
     kind: str = one_of(("ram", "tiered"), "ram")  # "ram" (one in-memory tier) or "tiered" (device -> RAM -> RocksDB)
     ram_bytes: int = at_least(1, 2 << 30)  # budget of the in-memory (RAM) tier, bytes
-    device_bytes: int = at_least(1, 256 << 20)  # budget of the device tier (kind = "tiered"), bytes
+    # budget of the device tier (kind = "tiered"), bytes; CUDA only: a CPU trainer's top cache is the RAM tier
+    device_bytes: int = at_least(1, 256 << 20)
     disk_bytes: int = at_least(1, 64 << 30)  # budget of the RocksDB tier (kind = "tiered"), bytes
     path: str = ".state/rocksdb/trainer"  # RocksDB directory (kind = "tiered")
     # tiered, one folder per NUMA node (index = node, e.g. ["/nvme0/adstream", "/nvme1/adstream"]): each
