@@ -50,7 +50,8 @@ class RocksTier:
         # of a skip list: a write-back of 14k rows 20 -> 5 ms, time the IO thread holds the GIL in
         # rocksdict. The cost: a scan must ask for total order (all_ids does), and one writer at a time.
         options.set_prefix_extractor(SliceTransform.create_fixed_prefix(8))
-        options.set_memtable_factory(MemtableFactory.hash_link_list(1 << 20))
+        # (the bucket count is the binding's one argument; its type stub leaves it out)
+        options.set_memtable_factory(MemtableFactory.hash_link_list(1 << 20))  # type: ignore[call-arg]
         options.set_allow_concurrent_memtable_write(False)
         self.db = Rdict(str(self.path), options=options)
         self.set_wal(wal)
