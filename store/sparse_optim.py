@@ -84,19 +84,25 @@ def _adagrad(row: Block, g: Tensor, lr: Tensor, step: int, cfg: SparseOptimConfi
     return w - lr * g / ((total + cfg.initial_accumulator).sqrt() + cfg.eps), total, unused
 
 
-def ftrl_weights(z: Tensor, n: Tensor, lr: Tensor, cfg: SparseOptimConfig) -> Tensor:
-    """FTRL-Proximal's closed form: the weights its state (z, n) stands for."""
-    denom = (cfg.ftrl_beta + (n + cfg.initial_accumulator).sqrt()) / lr + cfg.l2
+def ftrl_weights(z: Tensor, root: Tensor, lr: Tensor, cfg: SparseOptimConfig) -> Tensor:
+    """FTRL-Proximal's closed form: the weights its state stands for, root = sqrt(n + initial_accumulator)."""
+    denom = (root + cfg.ftrl_beta).div_(lr)
+    if cfg.l2 > 0:
+        denom.add_(cfg.l2)
+    if cfg.ftrl_l1 <= 0:  # no L1 (embeddings): no shrinking, and a third of the elementwise passes
+        return z.neg().div_(denom)
     shrunk = z - torch.sign(z) * cfg.ftrl_l1
     return torch.where(z.abs() <= cfg.ftrl_l1, torch.zeros_like(z), -shrunk / denom)
 
 
 def _ftrl(row: Block, g: Tensor, lr: Tensor, step: int, cfg: SparseOptimConfig) -> Block:
     w, z, n = row
-    n_new = n + g * g
-    sigma = ((n_new + cfg.initial_accumulator).sqrt() - (n + cfg.initial_accumulator).sqrt()) / lr
-    z = z + g - sigma * w
-    return ftrl_weights(z, n_new, lr, cfg), z, n_new
+    n_new = torch.addcmul(n, g, g)
+    root_old = (n + cfg.initial_accumulator).sqrt_()
+    root_new = (n_new + cfg.initial_accumulator).sqrt_()
+    sigma = (root_new - root_old).div_(lr)
+    z = (z + g).sub_(sigma.mul_(w))
+    return ftrl_weights(z, root_new, lr, cfg), z, n_new
 
 
 def _adam(row: Block, g: Tensor, lr: Tensor, step: int, cfg: SparseOptimConfig) -> Block:

@@ -61,6 +61,22 @@ def test_each_sparse_optimizer_equals_a_hand_computation(name):
     assert float(rows[0, 0]) == pytest.approx(hand(name), rel=1e-5, abs=1e-7)
 
 
+@pytest.mark.parametrize("l1, l2", [(0.0, 0.5), (0.05, 0.5), (10.0, 0.0)])
+def test_ftrl_with_l1_and_l2_equals_a_hand_computation(l1, l2):
+    """McMahan et al.'s closed form with its L1 shrinkage (|z| <= l1: the weight is 0) and L2."""
+    lr, beta, w, z, n = 0.1, 1.0, W0, 0.0, 0.0
+    cfg = SparseOptimConfig(name="ftrl", lr=lr, ftrl_l1=l1, l2=l2, ftrl_beta=beta)
+    rows = torch.tensor([[W0, 0.0, 0.0]])
+    for step, g in enumerate((G1, G2), start=1):
+        rows = sparse_step(rows, torch.tensor([[g]]), step, cfg)
+        n_new = n + g * g
+        z += g - (math.sqrt(n_new) - math.sqrt(n)) / lr * w
+        n = n_new
+        w = 0.0 if abs(z) <= l1 else -(z - math.copysign(l1, z)) / ((beta + math.sqrt(n)) / lr + l2)
+        assert float(rows[0, 0]) == pytest.approx(w, rel=1e-5, abs=1e-7)
+    assert (w == 0.0) == (l1 == 10.0)  # the large L1 zeroes the weight; the others do not
+
+
 def test_the_wide_column_has_its_own_learning_rate():
     cfg = SparseOptimConfig(name="sgd", lr=0.1, wide_lr=1.0)
     rows = sparse_step(torch.zeros(1, 6), torch.ones(1, 2), 1, cfg)
