@@ -99,7 +99,7 @@ def _time_table(
             table.prefetch(batches[i])  # batches[i] is the next one (step i is batches[i - 1])
         lookup = table.lookup(ids)
         leaf = lookup.vectors.detach().requires_grad_(True)
-        logits = head(leaf[lookup.inverse].view(ids.shape[0], FIELDS, DIM).sum(1)).squeeze(1)
+        logits = head(F.embedding(lookup.inverse, leaf).view(ids.shape[0], FIELDS, DIM).sum(1)).squeeze(1)
         loss = F.binary_cross_entropy_with_logits(logits, labels)
         opt.zero_grad()
         loss.backward()

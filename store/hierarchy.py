@@ -213,8 +213,8 @@ class TieredStore:
     # --- movement between tiers ---------------------------------------------------------
     def _evict(self, level: int, count: int, keep: np.ndarray, keep_below: np.ndarray) -> None:
         """Make room in caches[level]: `count` victims (never ids in `keep`) move down to the next
-        cache, evicting from it in turn (never ids in `keep_below`); the last cache's dirty victims,
-        and what the next cache cannot take, are written back to RocksDB."""
+        cache, evicting from it in turn (never ids in `keep_below`). Dirty victims that no cache
+        takes (the last cache's, or those the next one has no room for) are written back to RocksDB."""
         cache = self.caches[level]
         victims = cache.victims(count, self.config.policy, keep)
         if not len(victims):

@@ -30,6 +30,13 @@ class StepResult:
     loss: float  # mean binary cross-entropy of the batch
 
 
+def _gather(leaf: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+    """leaf (u, E+1) -> its rows at inverse (n,): (n, E+1). An embedding lookup rather than
+    leaf[inverse]: the same values, and its backward (summing gradients per row) is ~1.6x faster
+    on the CPU than indexing's accumulating scatter (106k lookups into 30k rows: 8.0 -> 4.9 ms)."""
+    return F.embedding(inverse, leaf)
+
+
 def forward(model: CtrModel, table: Rows, batch: Batch):  # type: ignore[no-untyped-def]
     """Look up the batch's rows and run the model. Returns (logits (B,), lookup, leaf vectors (u, E+1)).
 
@@ -40,12 +47,12 @@ def forward(model: CtrModel, table: Rows, batch: Batch):  # type: ignore[no-unty
     if not batch.lists:
         lookup = table.lookup(batch.ids, device=batch.labels.device)
         leaf = _leaf(lookup.vectors)
-        return model(leaf[lookup.inverse].view(n, f, -1), batch.dense), lookup, leaf
+        return model(_gather(leaf, lookup.inverse).view(n, f, -1), batch.dense), lookup, leaf
     flat = [batch.ids.reshape(-1)] + [ids for _, ids in batch.lists]
     columns = [np.tile(np.arange(f), n)] + [np.full(len(ids), f + j) for j, (_, ids) in enumerate(batch.lists)]
     lookup = table.lookup(np.concatenate(flat), device=batch.labels.device, columns=np.concatenate(columns))
     leaf = _leaf(lookup.vectors)
-    rows = leaf[lookup.inverse]
+    rows = _gather(leaf, lookup.inverse)
     fields = [rows[: n * f].view(n, f, -1)]
     at = n * f
     for j, (starts, ids) in enumerate(batch.lists):
