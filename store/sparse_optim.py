@@ -107,11 +107,10 @@ def _ftrl(row: Block, g: Tensor, lr: Tensor, step: int, cfg: SparseOptimConfig) 
 
 def _adam(row: Block, g: Tensor, lr: Tensor, step: int, cfg: SparseOptimConfig) -> Block:
     w, m, v = row
-    m = cfg.beta1 * m + (1 - cfg.beta1) * g
-    v = cfg.beta2 * v + (1 - cfg.beta2) * g * g
-    m_hat = m / (1 - cfg.beta1**step)
-    v_hat = v / (1 - cfg.beta2**step)
-    return w - lr * m_hat / (v_hat.sqrt() + cfg.eps), m, v
+    m = torch.lerp(m, g, 1 - cfg.beta1)  # beta1 * m + (1 - beta1) * g
+    v = (v * cfg.beta2).addcmul_(g, g, value=1 - cfg.beta2)
+    denom = (v / (1 - cfg.beta2**step)).sqrt_().add_(cfg.eps)
+    return w - (m * (lr / (1 - cfg.beta1**step))).div_(denom), m, v
 
 
 _RULES = {"sgd": _sgd, "adagrad": _adagrad, "ftrl": _ftrl, "adam": _adam}
