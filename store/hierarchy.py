@@ -78,6 +78,10 @@ class TieredStore:
         # to the device carry that knowledge, so writing them back later needs no existence check
         self._cold_ids = np.zeros(0, dtype=np.int64)
         self._cold_found = np.zeros(0, dtype=bool)
+        # (ids, their slots in the top cache) of the last read: the trainer writes the very rows it
+        # read, and nothing moves in the caches in between, so that write needs no second lookup.
+        # Any change to the caches forgets it.
+        self._read_slots: tuple[np.ndarray, np.ndarray] | None = None
         self.counters: Counter[str] = Counter()
         self._expired: list[np.ndarray] = []  # ids dropped by TTL since the last take_expired()
         if any(cache.capacity_rows < 1 for cache in self.caches):
@@ -87,11 +91,14 @@ class TieredStore:
 
     # --- the Tier interface -------------------------------------------------------------
     def read(self, ids: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
-        top = self.caches[0]
-        rows = torch.zeros((len(ids), self.width), dtype=torch.float32, device=top.device)
-        found = np.zeros(len(ids), dtype=bool)
-        rest = np.arange(len(ids))
-        for name, cache in zip(self._names, self.caches, strict=True):
+        # the top cache's answer is the start (its rows are zeros where it has none)
+        rows, top_slots = self.caches[0].read_slots(ids)
+        self._read_slots = (ids, top_slots)
+        top_found = top_slots >= 0
+        found = top_found.copy()
+        rest = np.nonzero(~found)[0]
+        self.counters[f"{self._names[0]}_hits"] += int(top_found.sum())
+        for name, cache in zip(self._names[1:], self.caches[1:], strict=True):
             c_rows, c_found = cache.read(ids[rest])
             take = rest[c_found]
             rows[torch.from_numpy(take).to(rows.device)] = c_rows[torch.from_numpy(c_found).to(c_rows.device)].to(
@@ -115,28 +122,37 @@ class TieredStore:
         than the device tier (a replica merge writes back every row touched since the last merge)
         goes through in chunks: earlier chunks are evicted down to make room for later ones."""
         self.step = max(self.step, step)
+        read = self._read_slots
+        self._read_slots = None
+        known = read[1] if read is not None and read[0] is ids else None  # the last read's slots of these ids
         chunk = self.caches[0].capacity_rows
         for start in range(0, len(ids), chunk):
             end = start + chunk
-            self._write_chunk(ids[start:end], rows[start:end], upcoming=ids[start:])
+            slots = known[start:end] if known is not None and start == 0 else None  # later chunks: moved since
+            self._write_chunk(ids[start:end], rows[start:end], upcoming=ids[start:], top_slots=slots)
         if self.config.ttl_steps:
             self.expire()
 
-    def _write_chunk(self, ids: np.ndarray, rows: torch.Tensor, upcoming: np.ndarray) -> None:
-        """Put ids (at most the top cache's capacity) in the top cache. Making room never evicts
-        these ids, nor `upcoming` ones (this and later chunks) from the caches below."""
+    def _write_chunk(
+        self, ids: np.ndarray, rows: torch.Tensor, upcoming: np.ndarray, top_slots: np.ndarray | None
+    ) -> None:
+        """Put ids (at most the top cache's capacity) in the top cache; top_slots: their slots
+        there, if known. Making room never evicts these ids (so their slots stay valid), nor
+        `upcoming` ones (this and later chunks) from the caches below."""
         top = self.caches[0]
-        new_ids = ids[~top.contains(ids)]
+        slots = top.slots(ids) if top_slots is None else top_slots
+        new = slots < 0
+        new_ids = ids[new]
         # rows coming up from a lower cache leave it first (making room there) and carry their bookkeeping
         freq = np.zeros(len(new_ids), dtype=np.int64)
         on_disk = np.zeros(len(new_ids), dtype=bool)
         cached = np.zeros(len(new_ids), dtype=bool)
         for cache in self.caches[1:]:
-            slots = cache.slots(new_ids)
-            held = slots >= 0
+            below = cache.slots(new_ids)
+            held = below >= 0
             if held.any():
-                freq[held] = cache.freq[slots[held]]
-                on_disk[held] = cache.on_disk[slots[held]]
+                freq[held] = cache.freq[below[held]]
+                on_disk[held] = cache.on_disk[below[held]]
                 cache.remove(new_ids[held])
                 cached |= held
         on_disk |= self._known_on_disk(new_ids, ~cached)
@@ -144,10 +160,12 @@ class TieredStore:
         if need > 0:
             self._evict(0, need + int(self.config.evict_slack * top.capacity_rows), ids, upcoming)
         self.counters["promotions"] += len(new_ids)
-        top.write(ids, rows, step=self.step)
-        if len(new_ids):
-            _, top_freq = top.meta(new_ids)[:2]
-            top.set_meta(new_ids, np.full(len(new_ids), self.step), top_freq + freq, on_disk)
+        slots = top.write_slots(ids, rows, step=self.step, slots=slots)
+        if len(new_ids):  # promoted rows keep their frequency and what RocksDB holds of them
+            promoted = slots[new]
+            top.last_seen[promoted] = self.step
+            top.freq[promoted] += freq
+            top.on_disk[promoted] = on_disk
 
     def _known_on_disk(self, ids: np.ndarray, ask: np.ndarray) -> np.ndarray:
         """on_disk (n,) for ids[ask] (False elsewhere): from the last read where it looked them up,
@@ -187,6 +205,7 @@ class TieredStore:
             self.rocks.write(ids[start : start + 65536], rows[start : start + 65536], step=self.step)
 
     def remove(self, ids: np.ndarray) -> int:
+        self._read_slots = None
         present = self._cached(ids) | self.io.contains(ids)
         for cache in self.caches:
             cache.remove(ids)
@@ -244,6 +263,7 @@ class TieredStore:
     def expire(self) -> int:
         """Drop rows unseen for ttl_steps from the device and RAM tiers (RocksDB: expire_cold)."""
         horizon = self.step - self.config.ttl_steps
+        self._read_slots = None
         dropped = 0
         for tier in self.caches:
             ids, slots = tier.resident()

@@ -25,8 +25,8 @@ def _home(key: np.int64, shift: np.uint64) -> np.int64:
 
 
 @numba.njit(cache=True, nogil=True)
-def _find(keys: np.ndarray, state: np.ndarray, bits: int, ids: np.ndarray) -> np.ndarray:
-    """Position of each id in the table, -1 if absent (ids (n,) int64 -> (n,) int64)."""
+def _find(keys: np.ndarray, vals: np.ndarray, state: np.ndarray, bits: int, ids: np.ndarray) -> np.ndarray:
+    """The slot of each id, -1 if absent (ids (n,) int64 -> (n,) int64)."""
     mask = (1 << bits) - 1
     shift = np.uint64(64 - bits)
     out = np.full(len(ids), -1, dtype=np.int64)
@@ -34,7 +34,7 @@ def _find(keys: np.ndarray, state: np.ndarray, bits: int, ids: np.ndarray) -> np
         pos = _home(ids[i], shift)
         while state[pos] == _FULL:
             if keys[pos] == ids[i]:
-                out[i] = pos
+                out[i] = vals[pos]
                 break
             pos = (pos + 1) & mask
     return out
@@ -106,11 +106,7 @@ class IdIndex:
 
     def get(self, ids: np.ndarray) -> np.ndarray:
         """Slot of each id, -1 where absent."""
-        where = _find(self.keys, self.state, self.bits, np.ascontiguousarray(ids, dtype=np.int64))
-        out = np.full(len(ids), -1, dtype=np.int64)
-        found = where >= 0
-        out[found] = self.vals[where[found]]
-        return out
+        return _find(self.keys, self.vals, self.state, self.bits, np.ascontiguousarray(ids, dtype=np.int64))
 
     def put(self, ids: np.ndarray, slots: np.ndarray) -> None:
         """Insert ids that are NOT present (unique), with their slots."""

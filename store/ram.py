@@ -87,19 +87,36 @@ class RamTier:
         return self.slots(ids) >= 0
 
     def read(self, ids: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+        rows, slots = self.read_slots(ids)
+        return rows, slots >= 0
+
+    def read_slots(self, ids: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+        """rows (n, width) (zeros where absent) and each id's slot (-1 where absent)."""
         slots = self.slots(ids)
         found = slots >= 0
         rows = torch.zeros((len(ids), self.width), dtype=torch.float32, device=self.device)
         if found.any():
             hit = torch.from_numpy(np.nonzero(found)[0]).to(self.device)
             rows[hit] = self._rows[torch.from_numpy(slots[found]).to(self.device)]
-        return rows, found
+        return rows, slots
 
     def write(self, ids: np.ndarray, rows: torch.Tensor, step: int = 0, dirty: bool | np.ndarray = True) -> None:
         """Insert or overwrite rows of unique ids; dirty: one flag for all, or one per id."""
+        self.write_slots(ids, rows, step, dirty)
+
+    def write_slots(
+        self,
+        ids: np.ndarray,
+        rows: torch.Tensor,
+        step: int = 0,
+        dirty: bool | np.ndarray = True,
+        slots: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """`write`, given the ids' current slots (-1 where absent) if the caller has them (nothing
+        moved since it looked), and returning each id's slot."""
         if rows.shape != (len(ids), self.width):
             raise StoreError(f"RamTier.write: rows shape {tuple(rows.shape)}, expected ({len(ids)}, {self.width})")
-        slots = self.slots(ids)
+        slots = self.slots(ids) if slots is None else slots.copy()
         new = np.nonzero(slots < 0)[0]
         if len(new):
             if len(self._slot) + len(new) > self.capacity_rows:
@@ -117,6 +134,7 @@ class RamTier:
         self.last_seen[slots] = np.maximum(self.last_seen[slots], step)
         self.freq[slots] += 1
         self.dirty[slots] = dirty
+        return slots
 
     def _allocate(self, n: int) -> np.ndarray:
         keep = len(self._free) - min(n, len(self._free))

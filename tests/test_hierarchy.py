@@ -199,6 +199,26 @@ def test_a_prefetched_row_written_after_the_prefetch_is_read_new(tmp_path):
     store.close()
 
 
+def test_an_announced_batchs_dedup_is_reused_only_by_its_own_lookup(tmp_path, monkeypatch):
+    """The announced batch's np.unique is worked out at its prefetch; a lookup of other ids in
+    between (a merge, a prediction) gets its own, and the announced batch's lookup reuses it."""
+    table = EmbeddingTable(tiny_hierarchy(tmp_path / "h", width=6), TableConfig(dim=2))
+    announced, current, other = (np.array([[5, 3], [3, 9]]), np.array([[1, 2]]), np.array([[4, 4, 8]]))
+    table.prefetch(announced)
+    table.lookup(current)
+    calls = []
+    real_unique = np.unique
+    monkeypatch.setattr(np, "unique", lambda *a, **k: calls.append(1) or real_unique(*a, **k))
+    between = table.lookup(other)
+    assert calls and between.unique_ids.tolist() == [4, 8] and between.inverse.tolist() == [0, 0, 1]
+    calls.clear()
+    mine = table.lookup(announced)
+    assert not calls  # reused
+    assert mine.unique_ids.tolist() == [3, 5, 9] and mine.inverse.tolist() == [1, 0, 0, 2]
+    torch.testing.assert_close(mine.vectors[mine.inverse], table.lookup(announced).vectors[mine.inverse])
+    table.tier.close()
+
+
 def test_a_failed_background_write_is_raised_on_the_trainers_thread(tmp_path, monkeypatch):
     store = tiny_hierarchy(tmp_path / "h", width=4, device_rows=2, ram_rows=2)
 
