@@ -87,6 +87,7 @@ def test_the_sweep_each_snapshot_runs_drops_expired_rows_from_rocksdb(tmp_path):
     store.write(np.array([7, 8, 9, 10, 11, 12], dtype=np.int64), torch.ones(6, 6), step=1)  # 7-10 evicted cold
     for step in range(2, 9):
         store.write(np.array([100 + step], dtype=np.int64), torch.ones(1, 6), step=step)
+    store.io.drain()  # the write-backs have landed (they are asynchronous)
     assert 7 in store.rocks.all_ids().tolist()  # cold and expired, but still on disk
     assert table.expire_cold() >= 4
     assert not {7, 8, 9, 10} & set(store.rocks.all_ids().tolist())
