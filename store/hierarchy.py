@@ -111,7 +111,8 @@ class TieredStore:
         order = np.argsort(ids[rest], kind="stable")
         self._cold_ids, self._cold_found = ids[rest][order], c_found[order]
         take = rest[c_found]
-        rows[torch.from_numpy(take).to(rows.device)] = c_rows[torch.from_numpy(c_found)].to(rows.device)
+        hit = torch.from_numpy(np.nonzero(c_found)[0])
+        rows.index_copy_(0, torch.from_numpy(take).to(rows.device), c_rows.index_select(0, hit).to(rows.device))
         found[take] = True
         self.counters["rocksdb_hits"] += int(c_found.sum())
         self.counters["misses"] += int((~found).sum())

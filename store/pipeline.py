@@ -108,7 +108,7 @@ class RocksPipeline:
         if staged is not None:
             usable, staged_rows, staged_found = staged
             take = rest[usable]
-            rows[torch.from_numpy(take)] = staged_rows
+            rows.index_copy_(0, torch.from_numpy(take), staged_rows)
             found[take] = staged_found
             rest = rest[~usable]
             self.counters["prefetched_rows"] += int(usable.sum())
@@ -117,7 +117,7 @@ class RocksPipeline:
             r_rows, r_found = self.rocks.read(ids[rest])
             self.counters["sync_read_s"] += time.perf_counter() - started
             self.counters["sync_read_rows"] += len(rest)
-            rows[torch.from_numpy(rest)] = r_rows
+            rows.index_copy_(0, torch.from_numpy(rest), r_rows)
             found[rest] = r_found
         return rows, found
 
@@ -141,7 +141,7 @@ class RocksPipeline:
             stale = np.isin(ids, np.concatenate(staged.stale))
             self.counters["prefetch_stale"] += int((usable & stale).sum())
             usable &= ~stale
-        return usable, staged.rows[torch.from_numpy(pos[usable])], staged.found[pos[usable]]
+        return usable, staged.rows.index_select(0, torch.from_numpy(pos[usable])), staged.found[pos[usable]]
 
     def contains(self, ids: np.ndarray) -> np.ndarray:
         """found (n,): RocksDB has the row or will once the write-backs in flight land."""
@@ -171,7 +171,7 @@ class RocksPipeline:
             self._settle()
         order = np.argsort(ids, kind="stable")
         done = self._io.submit(self.rocks.put, ids, rows, last_seen, freq)
-        self._in_flight.append(_WriteBack(ids[order], rows[torch.from_numpy(order)], done))
+        self._in_flight.append(_WriteBack(ids[order], rows.index_select(0, torch.from_numpy(order)), done))
 
     def remove(self, ids: np.ndarray) -> int:
         """Drop rows from RocksDB (after every write-back in flight); returns how many were there."""

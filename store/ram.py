@@ -94,10 +94,14 @@ class RamTier:
         """rows (n, width) (zeros where absent) and each id's slot (-1 where absent)."""
         slots = self.slots(ids)
         found = slots >= 0
+        # index_select / index_copy_, not rows[i] = table[j]: advanced indexing gathers ~6x slower
+        # on the CPU (30k rows of a 4M-row tier: 3.5 vs 0.5 ms)
+        if found.all():
+            return self._rows.index_select(0, torch.from_numpy(slots).to(self.device)), slots
         rows = torch.zeros((len(ids), self.width), dtype=torch.float32, device=self.device)
         if found.any():
             hit = torch.from_numpy(np.nonzero(found)[0]).to(self.device)
-            rows[hit] = self._rows[torch.from_numpy(slots[found]).to(self.device)]
+            rows.index_copy_(0, hit, self._rows.index_select(0, torch.from_numpy(slots[found]).to(self.device)))
         return rows, slots
 
     def write(self, ids: np.ndarray, rows: torch.Tensor, step: int = 0, dirty: bool | np.ndarray = True) -> None:
@@ -130,7 +134,7 @@ class RamTier:
             self.slot_ids[slots[new]] = ids[new]
             self.freq[slots[new]] = 0
             self.on_disk[slots[new]] = False
-        self._rows[torch.from_numpy(slots).to(self.device)] = rows.to(self.device, torch.float32)
+        self._rows.index_copy_(0, torch.from_numpy(slots).to(self.device), rows.to(self.device, torch.float32))
         self.last_seen[slots] = np.maximum(self.last_seen[slots], step)
         self.freq[slots] += 1
         self.dirty[slots] = dirty
