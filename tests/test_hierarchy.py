@@ -220,6 +220,22 @@ def test_an_announced_batchs_dedup_is_reused_only_by_its_own_lookup(tmp_path, mo
     table.tier.close()
 
 
+@CACHES
+def test_a_write_after_a_remove_does_not_reuse_the_reads_slots(tmp_path, device_tier):
+    """The write reuses the top-cache slots its read found only if nothing changed in between: a
+    removal frees a slot, and writing into it without re-indexing would lose the row."""
+    store = tiny_hierarchy(tmp_path / "h", device_rows=8, ram_rows=8, device_tier=device_tier)
+    ids = np.array([1, 2, 3], dtype=np.int64)
+    store.write(ids, torch.zeros(3, 6), step=1)
+    store.read(ids)
+    store.remove(np.array([2], dtype=np.int64))
+    store.write(ids, torch.arange(18, dtype=torch.float32).view(3, 6), step=2)
+    rows, found = store.read(ids)
+    assert found.all()
+    torch.testing.assert_close(rows.cpu(), torch.arange(18, dtype=torch.float32).view(3, 6))
+    store.close()
+
+
 def test_a_failed_background_write_is_raised_on_the_trainers_thread(tmp_path, monkeypatch):
     store = tiny_hierarchy(tmp_path / "h", width=4, device_rows=2, ram_rows=2)
 
