@@ -19,8 +19,9 @@ _META_BYTES = 16
 
 
 def _keys(ids: np.ndarray) -> list[bytes]:
-    buf = ids.astype(">i8").tobytes()
-    return [buf[i : i + 8] for i in range(0, len(buf), 8)]
+    """ids (n,) -> their keys, 8 big-endian bytes each. Through an 8-byte void view, numpy makes the
+    bytes objects in C (5x faster than slicing a buffer in Python: 12k keys 1.3 -> 0.24 ms)."""
+    return ids.astype(">i8").view("V8").tolist()  # type: ignore[no-any-return]
 
 
 class RocksTier:
@@ -29,7 +30,14 @@ class RocksTier:
     ) -> None:
         """wal=False skips RocksDB's write-ahead log: for a store whose durability point is its own
         checkpoint (the hierarchy: flush + RocksDB checkpoint), not each write."""
-        from rocksdict import DBCompressionType, MemtableFactory, Options, Rdict, SliceTransform
+        from rocksdict import (
+            DBCompressionType,
+            MemtableFactory,
+            Options,
+            PlainTableFactoryOptions,
+            Rdict,
+            SliceTransform,
+        )
 
         if capacity_bytes <= 0:
             raise StoreError(f"RocksTier: capacity_bytes={capacity_bytes}; set a positive disk budget in bytes")
@@ -41,11 +49,21 @@ class RocksTier:
         options.create_if_missing(True)
         options.increase_parallelism(os.cpu_count() or 2)
         options.set_compression_type(DBCompressionType.none())  # float rows do not compress; reads skip a decode
-        # point lookups: bloom filters, a hash index inside each data block, a block cache, the index
-        # and filters held by the open files (not looked up through the cache), and files read through
-        # mmap (no copy into a buffer per read): 5.3 -> 2.9 us a key in a multi-get on this machine
+        # point lookups: a memtable bloom filter, and files read through mmap (no copy per read)
         options.optimize_for_point_lookup(block_cache_mb)
         options.set_allow_mmap_reads(True)
+        # PlainTable files instead of block-based ones: each file keeps an in-memory hash index of
+        # its keys (every key is its own 8-byte prefix, see below) and a bloom filter, so a lookup is
+        # a hash probe into the mapped file instead of a binary search of an index block and a block
+        # read: a multi-get of 12k keys from 5M rows 2.85 -> 1.7-2.3 us a key. What it gives up:
+        # compression (rows are floats: none anyway), block checksums, Seek() to an arbitrary key
+        # (our scans go from the first key, in total order, which it serves), Prev(); and it holds its
+        # index in memory: ~14 bytes of RAM per row on disk (50M rows: anonymous RSS 2.15 -> 2.85 GB).
+        # A database (or checkpoint) written with block-based files still opens and reads: RocksDB
+        # picks each file's reader by the format in its footer, and compactions rewrite them as PlainTable.
+        plain = PlainTableFactoryOptions()
+        plain.user_key_length = 8
+        options.set_plain_table_factory(plain)
         # writes land in a hash table of linked lists (the whole 8-byte key is the "prefix") instead
         # of a skip list: a write-back of 14k rows 20 -> 5 ms, time the IO thread holds the GIL in
         # rocksdict. The cost: a scan must ask for total order (all_ids does), and one writer at a time.
@@ -84,15 +102,22 @@ class RocksTier:
     def read_with_meta(self, ids: np.ndarray) -> tuple[torch.Tensor, np.ndarray, np.ndarray, np.ndarray]:
         """rows (n, width), found (n,), last_seen (n,), freq (n,)."""
         values = self._get(ids)
+        vector_bytes = self.width * 4
+        if values.count(None) == 0:  # the usual case (a hierarchy reads what it knows is here): no per-key Python
+            joined = b"".join(values)  # type: ignore[arg-type] # (no None in it)
+            raw = np.frombuffer(joined, dtype=np.uint8).reshape(len(ids), vector_bytes + _META_BYTES)
+            meta = raw[:, vector_bytes:].copy().view(np.int64)
+            rows = torch.from_numpy(raw[:, :vector_bytes].copy().view(np.float32))
+            return rows, np.ones(len(ids), dtype=bool), meta[:, 0], meta[:, 1]
         found = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
-        rows = np.zeros((len(ids), self.width), dtype=np.float32)
+        rows_np = np.zeros((len(ids), self.width), dtype=np.float32)
         meta = np.zeros((len(ids), 2), dtype=np.int64)
         if found.any():
             raw = np.frombuffer(b"".join(v for v in values if v is not None), dtype=np.uint8)
-            raw = raw.reshape(int(found.sum()), self.width * 4 + _META_BYTES)
-            rows[found] = raw[:, : self.width * 4].copy().view(np.float32)
-            meta[found] = raw[:, self.width * 4 :].copy().view(np.int64)
-        return torch.from_numpy(rows), found, meta[:, 0], meta[:, 1]
+            raw = raw.reshape(int(found.sum()), vector_bytes + _META_BYTES)
+            rows_np[found] = raw[:, :vector_bytes].copy().view(np.float32)
+            meta[found] = raw[:, vector_bytes:].copy().view(np.int64)
+        return torch.from_numpy(rows_np), found, meta[:, 0], meta[:, 1]
 
     def read(self, ids: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
         rows, found, _, _ = self.read_with_meta(ids)
@@ -136,8 +161,9 @@ class RocksTier:
             [rows.detach().cpu().numpy().astype(np.float32).view(np.uint8), meta.view(np.uint8)], axis=1
         )
         batch = WriteBatch(raw_mode=True)
-        for key, value in zip(_keys(ids), payload, strict=True):
-            batch.put(key, value.tobytes())
+        # one bytes object per row through a void view of the row's width (made in C, not per row in Python)
+        for key, value in zip(_keys(ids), payload.view(f"V{payload.shape[1]}").ravel().tolist(), strict=True):
+            batch.put(key, value)
         self.db.write(batch)
 
     def write_new(self, ids: np.ndarray, rows: torch.Tensor) -> None:
@@ -161,7 +187,8 @@ class RocksTier:
         return np.frombuffer(keys, dtype=">i8").astype(np.int64)
 
     def _keys(self) -> Iterator[bytes]:
-        """Every key in order. Total-order seek: with a prefix extractor a plain scan may skip keys."""
+        """Every key in order. Total-order seek: with a prefix extractor a plain scan may skip keys.
+        A scan from the first key is all PlainTable files offer in total order: never Seek() to a key."""
         from rocksdict import ReadOptions
 
         read_options = ReadOptions()

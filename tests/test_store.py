@@ -8,6 +8,7 @@ from store.errors import StoreError
 from store.frozen import FrozenTier
 from store.init import initial_vectors
 from store.ram import RamTier
+from store.rocks import RocksTier
 from store.sparse_optim import SparseOptimConfig
 from store.table import EmbeddingTable, TableConfig
 from store.tier import Tier
@@ -57,6 +58,59 @@ def test_growth_keeps_rows(tier):
         tier.write(ids, torch.from_numpy(np.repeat(ids[:, None], WIDTH, 1).astype(np.float32)))
     rows, found = tier.read(np.arange(100, dtype=np.int64))
     assert found.all() and rows[:, 0].tolist() == list(range(100))
+
+
+def test_rocks_tier_reads_and_scans_its_table_files(tmp_path):
+    """Rows that left the memtable for table files (hash-indexed PlainTable files, scanned from the
+    first key in total order) read, scan, overwrite and remove as in memory, after a compaction and
+    after a reopen. The contract tests above never leave the memtable."""
+    rng = np.random.default_rng(3)
+    ids = np.unique(rng.integers(-(2**63), 2**63 - 1, 3000, dtype=np.int64))
+    expected = dict(zip(ids.tolist(), rng.normal(size=(len(ids), WIDTH)).astype(np.float32), strict=True))
+    tier = RocksTier(tmp_path / "db", WIDTH, 1 << 30)
+    tier.write(ids, torch.from_numpy(np.stack([expected[i] for i in ids.tolist()])))
+    tier.db.flush()
+    for i in ids[:100].tolist():  # overwritten in the memtable, over rows in a table file
+        expected[i] = expected[i] + 1
+    tier.write(ids[:100], torch.from_numpy(np.stack([expected[i] for i in ids[:100].tolist()])))
+    assert tier.remove(ids[100:200]) == 100
+    for i in ids[100:200].tolist():
+        del expected[i]
+    tier.db.flush()
+    tier.db.compact_range(None, None)
+    fresh = np.array([0, 1, -1], dtype=np.int64)  # in the memtable only
+    tier.write(fresh, torch.zeros(3, WIDTH))
+    expected.update({i: np.zeros(WIDTH, np.float32) for i in fresh.tolist()})
+
+    def check(tier: RocksTier) -> None:
+        assert sorted(tier.all_ids().tolist()) == sorted(expected) and len(tier) == len(expected)
+        rows, found = tier.read(ids)
+        assert found.tolist() == [i in expected for i in ids.tolist()]
+        assert torch.equal(rows[found], torch.from_numpy(np.stack([expected[i] for i in ids[found].tolist()])))
+
+    check(tier)
+    tier.close()
+    check(RocksTier(tmp_path / "db", WIDTH, 1 << 30))
+
+
+def test_rocks_tier_reads_a_database_written_with_block_based_files(tmp_path):
+    """Checkpoints from before the PlainTable change hold block-based files: they still read."""
+    from rocksdict import Options, Rdict
+
+    ids = np.array([5, -7, 1 << 40], dtype=np.int64)
+    rows = torch.arange(3 * WIDTH, dtype=torch.float32).reshape(3, WIDTH)
+    with_meta = np.concatenate([rows.numpy().view(np.uint8), np.zeros((3, 16), np.uint8)], axis=1)
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    old = Rdict(str(tmp_path / "db"), options=options)  # RocksDB's default table format: block-based
+    keys = [i.to_bytes(8, "big", signed=True) for i in ids.tolist()]  # the tier's key: 8 big-endian bytes
+    for key, value in zip(keys, with_meta, strict=True):
+        old[key] = value.tobytes()
+    old.flush()
+    old.close()
+    tier = RocksTier(tmp_path / "db", WIDTH, 1 << 30)
+    got, found = tier.read(ids)
+    assert found.all() and torch.equal(got, rows) and sorted(tier.all_ids().tolist()) == sorted(ids.tolist())
 
 
 def test_budget_is_enforced_with_a_clear_error():
