@@ -34,7 +34,7 @@ from adstream.checks import at_least, check_fields, one_of
 from store.errors import StoreError
 from store.pipeline import RocksPipeline
 from store.ram import RamTier
-from store.rocks import RocksTier
+from store.rocks import TABLE_FORMATS, RocksTier
 
 CHECKPOINT_MANIFEST = "manifest.json"  # written last: a checkpoint folder without it is incomplete
 
@@ -53,6 +53,9 @@ class HierarchyConfig:
     # a device tier above RAM. The trainer has one only on a CUDA device: on the CPU it would be a
     # second cache in the same memory, and every row would be copied and indexed twice per step
     device_tier: bool = True
+    rocksdb_format: str = one_of(
+        TABLE_FORMATS, "plain"
+    )  # RocksDB's table files: "plain" (faster) or "block" (less RAM)
 
     def __post_init__(self) -> None:
         check_fields(self, "HierarchyConfig", StoreError)
@@ -71,7 +74,9 @@ class TieredStore:
         # moves down to caches[i + 1], a victim of the last one goes to RocksDB (if it is dirty)
         self.caches = [self.device, self.ram] if self.device is not None else [self.ram]
         self._names = ["device", "ram"] if self.device is not None else ["ram"]
-        self.rocks = RocksTier(config.path, width, config.disk_bytes, wal=False)  # durability = checkpoint
+        self.rocks = RocksTier(  # durability = checkpoint
+            config.path, width, config.disk_bytes, wal=False, table_format=config.rocksdb_format
+        )
         self.io = RocksPipeline(self.rocks, asynchronous=config.pipelined)  # the hot path's RocksDB traffic
         self.step = 0
         # ids the last read looked for in RocksDB (sorted) and whether it had them: rows coming up

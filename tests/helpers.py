@@ -100,6 +100,7 @@ TIERS = {
     "ram": lambda tmp: ram_tier(),
     "device": lambda tmp: RamTier(WIDTH, 200 * RamTier(WIDTH, 1).row_bytes, preallocate=True),
     "rocksdb": lambda tmp: RocksTier(tmp / "rocks", WIDTH, 1 << 30),
+    "rocksdb-block": lambda tmp: RocksTier(tmp / "rocks", WIDTH, 1 << 30, table_format="block"),
     "hierarchy": lambda tmp: tiny_hierarchy(tmp / "tiered"),
     "hierarchy-serial": lambda tmp: tiny_hierarchy(tmp / "tiered", pipelined=False),
     "hierarchy-lfu": lambda tmp: tiny_hierarchy(tmp / "tiered", device_rows=12, ram_rows=8, policy="lfu"),

@@ -80,8 +80,13 @@ def test_store_policies_on_the_ram_store_are_an_error_not_ignored():
         build_config({"trainer": {"store": {"ttl_steps": 5}}})
     with pytest.raises(TrainerError, match=r"trainer.store.eviction='lfu'"):
         build_config({"trainer": {"store": {"eviction": "lfu"}}})
-    built = build_config({"trainer": {"store": {"kind": "tiered", "ttl_steps": 5, "eviction": "lfu"}}})
+    with pytest.raises(TrainerError, match=r"trainer.store.rocksdb_format='block'"):
+        build_config({"trainer": {"store": {"rocksdb_format": "block"}}})
+    built = build_config(
+        {"trainer": {"store": {"kind": "tiered", "ttl_steps": 5, "eviction": "lfu", "rocksdb_format": "block"}}}
+    )
     assert built.trainer.store.ttl_steps == 5 and built.trainer.store.eviction == "lfu"
+    assert built.trainer.store.rocksdb_format == "block"
 
 
 def test_every_section_checks_its_values_and_names_the_key():

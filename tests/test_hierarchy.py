@@ -55,6 +55,19 @@ def test_eviction_never_loses_a_dirty_row(tmp_path, device_tier):
     assert len(store.rocks) == len(store.rocks.all_ids()) == len(truth)
 
 
+@pytest.mark.parametrize(("fmt", "factory"), [("plain", "PlainTable"), ("block", "BlockBasedTable")])
+def test_the_trainers_rocksdb_format_setting_reaches_rocksdb(tmp_path, fmt, factory):
+    from trainer.replica import make_tier
+    from trainer.settings import StoreSettings, TrainerSettings
+
+    store = StoreSettings(kind="tiered", path=str(tmp_path / "rocks"), rocksdb_format=fmt)
+    tier = make_tier(TrainerSettings(store=store), width=6)
+    assert isinstance(tier, TieredStore)
+    options = sorted((tmp_path / "rocks").glob("OPTIONS-*"))[-1].read_text()  # what RocksDB opened with
+    assert f"table_factory={factory}\n" in options
+    tier.close()
+
+
 def test_lru_and_lfu_pick_different_victims():
     tier = RamTier(2, 10 * RamTier(2, 1).row_bytes, preallocate=True)
     tier.write(np.array([1, 2, 3]), torch.zeros(3, 2), step=1)

@@ -60,14 +60,15 @@ def test_growth_keeps_rows(tier):
     assert found.all() and rows[:, 0].tolist() == list(range(100))
 
 
-def test_rocks_tier_reads_and_scans_its_table_files(tmp_path):
+@pytest.mark.parametrize("table_format", ["plain", "block"])
+def test_rocks_tier_reads_and_scans_its_table_files(tmp_path, table_format):
     """Rows that left the memtable for table files (hash-indexed PlainTable files, scanned from the
     first key in total order) read, scan, overwrite and remove as in memory, after a compaction and
     after a reopen. The contract tests above never leave the memtable."""
     rng = np.random.default_rng(3)
     ids = np.unique(rng.integers(-(2**63), 2**63 - 1, 3000, dtype=np.int64))
     expected = dict(zip(ids.tolist(), rng.normal(size=(len(ids), WIDTH)).astype(np.float32), strict=True))
-    tier = RocksTier(tmp_path / "db", WIDTH, 1 << 30)
+    tier = RocksTier(tmp_path / "db", WIDTH, 1 << 30, table_format=table_format)
     tier.write(ids, torch.from_numpy(np.stack([expected[i] for i in ids.tolist()])))
     tier.db.flush()
     for i in ids[:100].tolist():  # overwritten in the memtable, over rows in a table file
@@ -90,7 +91,7 @@ def test_rocks_tier_reads_and_scans_its_table_files(tmp_path):
 
     check(tier)
     tier.close()
-    check(RocksTier(tmp_path / "db", WIDTH, 1 << 30))
+    check(RocksTier(tmp_path / "db", WIDTH, 1 << 30, table_format=table_format))
 
 
 def test_rocks_tier_reads_a_database_written_with_block_based_files(tmp_path):

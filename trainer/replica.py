@@ -115,6 +115,7 @@ def make_tier(settings: TrainerSettings, width: int, rank: int = 0) -> Tier:
         policy=store.eviction,
         ttl_steps=store.ttl_steps,
         pipelined=store.pipelined,
+        rocksdb_format=store.rocksdb_format,
         device_tier=settings.device.startswith("cuda"),  # on the CPU the RAM tier is the top cache
     )
     return TieredStore(width, config)
