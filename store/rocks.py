@@ -116,21 +116,21 @@ class RocksTier:
         """rows (n, width), found (n,), last_seen (n,), freq (n,)."""
         values = self._get(ids)
         vector_bytes = self.width * 4
-        if values.count(None) == 0:  # the usual case (a hierarchy reads what it knows is here): no per-key Python
-            joined = b"".join(values)  # type: ignore[arg-type] # (no None in it)
-            raw = np.frombuffer(joined, dtype=np.uint8).reshape(len(ids), vector_bytes + _META_BYTES)
-            meta = raw[:, vector_bytes:].copy().view(np.int64)
-            rows = torch.from_numpy(raw[:, :vector_bytes].copy().view(np.float32))
-            return rows, np.ones(len(ids), dtype=bool), meta[:, 0], meta[:, 1]
-        found = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
-        rows_np = np.zeros((len(ids), self.width), dtype=np.float32)
-        meta = np.zeros((len(ids), 2), dtype=np.int64)
-        if found.any():
-            raw = np.frombuffer(b"".join(v for v in values if v is not None), dtype=np.uint8)
-            raw = raw.reshape(int(found.sum()), vector_bytes + _META_BYTES)
-            rows_np[found] = raw[:, :vector_bytes].copy().view(np.float32)
-            meta[found] = raw[:, vector_bytes:].copy().view(np.int64)
-        return torch.from_numpy(rows_np), found, meta[:, 0], meta[:, 1]
+        # the usual case (a hierarchy reads what it knows is here) has no None: no per-key Python then
+        all_found = values.count(None) == 0
+        present = values if all_found else [v for v in values if v is not None]
+        joined = b"".join(present)  # type: ignore[arg-type] # (no None in it)
+        raw = np.frombuffer(joined, dtype=np.uint8).reshape(len(present), vector_bytes + _META_BYTES)
+        rows = raw[:, :vector_bytes].copy().view(np.float32)
+        meta = raw[:, vector_bytes:].copy().view(np.int64)
+        found = np.ones(len(ids), dtype=bool)
+        if not all_found:  # spread the present rows out, zeros where a key is missing
+            found = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
+            rows_all = np.zeros((len(ids), self.width), dtype=np.float32)
+            meta_all = np.zeros((len(ids), 2), dtype=np.int64)
+            rows_all[found], meta_all[found] = rows, meta
+            rows, meta = rows_all, meta_all
+        return torch.from_numpy(rows), found, meta[:, 0], meta[:, 1]
 
     def read(self, ids: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
         rows, found, _, _ = self.read_with_meta(ids)
