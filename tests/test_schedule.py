@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from trainer.schedule import Actions, LoopState, Round, Schedule, decide
@@ -40,7 +42,7 @@ CASES = [
         LoopState(rounds=7, since_merge=3),
         Round(batches=2, events=8, idle=0),
         TWO,
-        LoopState(rounds=8, events=8, since_merge=0, last_snapshot_round=8),
+        LoopState(rounds=8, events=8, since_merge=0, last_snapshot_round=8, last_publication_round=8),
         Actions(learn=True, merge=True, snapshot=True, report=False, stop=False, sync=True),
     ),
     (
@@ -56,7 +58,7 @@ CASES = [
         LoopState(rounds=1, since_merge=1),
         Round(batches=1, events=4, idle=0, merge_due=True, snapshot_due=True),
         TWO,
-        LoopState(rounds=2, events=4, since_merge=0, last_snapshot_round=2),
+        LoopState(rounds=2, events=4, since_merge=0, last_snapshot_round=2, last_publication_round=2),
         Actions(learn=True, merge=True, snapshot=True, report=False, stop=False, sync=True),
     ),
     (
@@ -72,15 +74,15 @@ CASES = [
         LoopState(rounds=5, since_merge=1, last_snapshot_round=0),
         Round(batches=0, events=0, idle=2),
         TWO,
-        LoopState(rounds=5, since_merge=0, last_snapshot_round=5),
+        LoopState(rounds=5, since_merge=0, last_snapshot_round=5, last_publication_round=5),
         Actions(learn=False, merge=True, snapshot=True, report=False, stop=True, sync=True),
     ),
     (
         "stop right after a snapshot: merge, but no second snapshot of the same rounds",
-        LoopState(rounds=8, since_merge=0, last_snapshot_round=8),
+        LoopState(rounds=8, since_merge=0, last_snapshot_round=8, last_publication_round=8),
         Round(batches=0, events=0, idle=2),
         TWO,
-        LoopState(rounds=8, since_merge=0, last_snapshot_round=8),
+        LoopState(rounds=8, since_merge=0, last_snapshot_round=8, last_publication_round=8),
         Actions(learn=False, merge=True, snapshot=False, report=False, stop=True, sync=True),
     ),
     (
@@ -88,7 +90,7 @@ CASES = [
         LoopState(rounds=9, since_merge=1),
         Round(batches=2, events=8, idle=0),
         Schedule(world=2, merge_every_steps=4, snapshot_every_steps=100, log_every_steps=5, max_steps=10),
-        LoopState(rounds=10, events=8, since_merge=0, last_snapshot_round=10),
+        LoopState(rounds=10, events=8, since_merge=0, last_snapshot_round=10, last_publication_round=10),
         Actions(learn=True, merge=True, snapshot=True, report=True, stop=True, sync=True),
     ),
     (
@@ -96,7 +98,7 @@ CASES = [
         LoopState(rounds=0, events=95),
         Round(batches=1, events=8, idle=0),
         Schedule(world=1, merge_every_steps=4, snapshot_every_steps=100, log_every_steps=5, max_events=100),
-        LoopState(rounds=1, events=103, since_merge=0, last_snapshot_round=1),
+        LoopState(rounds=1, events=103, since_merge=0, last_snapshot_round=1, last_publication_round=1),
         Actions(learn=True, merge=True, snapshot=True, report=False, stop=True, sync=True),
     ),
     (
@@ -104,7 +106,7 @@ CASES = [
         LoopState(rounds=2, since_merge=0),
         Round(batches=1, events=8, idle=1),
         Schedule(world=2, merge_every_steps=0, snapshot_every_steps=3, log_every_steps=3),
-        LoopState(rounds=3, events=8, since_merge=0, last_snapshot_round=3),
+        LoopState(rounds=3, events=8, since_merge=0, last_snapshot_round=3, last_publication_round=3),
         Actions(learn=True, merge=False, snapshot=True, report=True, stop=False, sync=True),
     ),
     (
@@ -120,7 +122,7 @@ CASES = [
         LoopState(rounds=2, since_merge=1),
         Round(batches=2, events=8, idle=0, publish_due=True),
         TWO,
-        LoopState(rounds=3, events=8, since_merge=0),
+        LoopState(rounds=3, events=8, since_merge=0, last_publication_round=3),
         Actions(learn=True, merge=True, snapshot=False, report=False, stop=False, sync=True, publish=True),
     ),
     (
@@ -132,11 +134,19 @@ CASES = [
         Actions(learn=False, merge=False, snapshot=False, report=False, stop=False),
     ),
     (
+        "stop right after a snapshot with the publish clock due: no empty delta",
+        LoopState(rounds=8, since_merge=0, last_snapshot_round=8, last_publication_round=8),
+        Round(batches=0, events=0, idle=2, publish_due=True),
+        TWO,
+        LoopState(rounds=8, since_merge=0, last_snapshot_round=8, last_publication_round=8),
+        Actions(learn=False, merge=True, snapshot=False, report=False, stop=True, sync=True),
+    ),
+    (
         "a snapshot (a base) in the same round replaces the delta",
         LoopState(rounds=9, since_merge=1),
         Round(batches=2, events=8, idle=0, publish_due=True),
         TWO,
-        LoopState(rounds=10, events=8, since_merge=0, last_snapshot_round=10),
+        LoopState(rounds=10, events=8, since_merge=0, last_snapshot_round=10, last_publication_round=10),
         Actions(learn=True, merge=True, snapshot=True, report=True, stop=False, sync=True),
     ),
 ]
@@ -176,3 +186,25 @@ def test_a_run_merges_every_k_rounds_and_at_the_end(k: int) -> None:
     gaps = [b - a for a, b in zip([0, *snapshots], snapshots, strict=False)]
     assert all(g >= 10 for g in gaps[:-1])  # no snapshot before snapshot_every_steps rounds, but the last
     assert state.events == 25 * 4
+
+
+@pytest.mark.parametrize("rounds", [6, 7, 12])
+def test_every_publication_carries_rounds_the_previous_one_did_not(rounds: int) -> None:
+    """Publish clock due at every round (a short publish_every_s): a delta or a base at every
+    sync point; a delta always carries rounds learned since the previous publication (none at
+    the idle stop after a final snapshot); a base may repeat them (it is a recovery snapshot)."""
+    schedule = Schedule(world=2, merge_every_steps=3, snapshot_every_steps=6, log_every_steps=100)
+    state, published = LoopState(), [0]
+    for i in range(rounds + 3):  # the learning rounds, then idle ones until everyone is idle
+        learning = i < rounds
+        summed = Round(batches=2 if learning else 0, events=8 if learning else 0, idle=0 if i < rounds + 2 else 2)
+        state, act = decide(state, replace(summed, publish_due=True), schedule)
+        if act.publish:
+            assert state.rounds > published[-1], f"an empty delta at round {state.rounds}"
+        if act.snapshot or act.publish:
+            published.append(state.rounds)
+        if act.stop:
+            break
+    assert act.stop
+    assert published[-1] == rounds  # the last rounds learned reach serving
+    assert published == sorted(published) and len(published) > rounds // 2

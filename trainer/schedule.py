@@ -19,7 +19,8 @@ Rules:
     snapshot_every_steps rounds have passed, rank 0's clock says so, or at the stop; it is a
     recovery snapshot and a base publication for serving;
   - rank 0's publish clock (publish_every_s) makes a sync point too, where a delta publication
-    is sent (the rows changed since the last publication), unless a snapshot is taken there;
+    is sent (the rows changed since the last publication), unless a snapshot is taken there or
+    nothing was learned since the last publication (the stop round after a snapshot);
   - report metrics every log_every_steps learning rounds.
 """
 
@@ -73,6 +74,7 @@ class LoopState:
     events: int = 0  # events the job has learned, including those of a resumed snapshot
     since_merge: int = 0  # learning rounds since the last sync point
     last_snapshot_round: int = 0  # `rounds` at the last snapshot
+    last_publication_round: int = 0  # `rounds` at the last snapshot or delta (what serving has)
 
 
 @dataclass(frozen=True)
@@ -100,18 +102,21 @@ def decide(state: LoopState, summed: Round, schedule: Schedule) -> tuple[LoopSta
     )
     due = state.since_merge >= max(schedule.merge_every_steps, 1) or summed.merge_due or summed.publish_due
     sync = stop or (state.since_merge > 0 and due)
-    snapshot = False
+    since_snapshot = state.rounds - state.last_snapshot_round
+    snapshot = (
+        sync and since_snapshot > 0 and (stop or since_snapshot >= schedule.snapshot_every_steps or summed.snapshot_due)
+    )
+    news = state.rounds > state.last_publication_round  # learned since serving's last publication
+    publish = sync and summed.publish_due and not snapshot and news
     if sync:
-        since_snapshot = state.rounds - state.last_snapshot_round
-        snapshot = since_snapshot > 0 and (
-            stop or since_snapshot >= schedule.snapshot_every_steps or summed.snapshot_due
-        )
         state = replace(
-            state, since_merge=0, last_snapshot_round=state.rounds if snapshot else state.last_snapshot_round
+            state,
+            since_merge=0,
+            last_snapshot_round=state.rounds if snapshot else state.last_snapshot_round,
+            last_publication_round=state.rounds if snapshot or publish else state.last_publication_round,
         )
     report = learn and state.rounds % schedule.log_every_steps == 0
     merge = sync and schedule.merge_every_steps > 0
-    publish = sync and summed.publish_due and not snapshot
     return state, Actions(
         learn=learn, merge=merge, snapshot=snapshot, report=report, stop=stop, sync=sync, publish=publish
     )

@@ -74,6 +74,9 @@ def job_config(config: Config, tmp_path: Path, name: str, store: str = "ram") ->
             "snapshot.dir": str(tmp_path / name / "snapshots"),
             "snapshot.every_steps": 6,
             "snapshot.every_s": 3600.0,
+            # no clocks: every sync point comes from the step counts, so the killed job's rounds,
+            # merges and snapshots are the reference's (a publish clock's extra merge is not)
+            "snapshot.publish_every_s": 0.0,
             "group.merge_every_steps": 3,
             "group.workers": 2,
             "group.max_restarts": 2,
@@ -140,6 +143,8 @@ def test_killed_replica_resumes_from_the_snapshot_with_no_record_lost(isolated: 
     before_snapshot = {(p, o) for p, o, s, _ in first if s <= resumed_step}
     assert not again & before_snapshot  # nothing the snapshot holds is learned twice
     assert again == {(p, o) for p, o, s, _ in first if s > resumed_step}  # what came after it is relearned
+    kept = {(p, o): s for p, o, s, _ in first if s <= resumed_step} | {(p, o): s for p, o, s, _ in second}
+    assert kept == {(p, o): s for p, o, s, _ in ref_rows}  # each record learned at the reference's step
 
     ref, got = final_model(Path(reference.trainer.snapshot.dir)), final_model(Path(killed.trainer.snapshot.dir))
     assert ref.keys() == got.keys()
