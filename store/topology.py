@@ -28,6 +28,7 @@ LINK_CLASS = {
 }
 _AFFINITY_COLUMNS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
 _NV = re.compile(r"NV(\d+)")
+_ESCAPES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,8 @@ def parse_cpu_list(text: str) -> tuple[int, ...]:
 
 
 def parse_topo_matrix(text: str) -> Topology:
-    lines = text.splitlines()
+    # nvidia-smi underlines the header with terminal escapes (ESC[4m ... ESC[0m), even into a pipe
+    lines = _ESCAPES.sub("", text).splitlines()
     # the header is the indented line naming GPU0 (rows start with their device name)
     header_at = next(
         (i for i, line in enumerate(lines) if re.search(r"\bGPU0\b", line) and line[:1] in (" ", "\t")), None

@@ -106,6 +106,11 @@ TIERS = {
     "hierarchy-lfu": lambda tmp: tiny_hierarchy(tmp / "tiered", device_rows=12, ram_rows=8, policy="lfu"),
     "hierarchy-no-device-tier": lambda tmp: tiny_hierarchy(tmp / "tiered", ram_rows=8, device_tier=False),
 }
+if torch.cuda.is_available():  # the device tier in HBM joins where there is a GPU (CI has none: tests/test_cuda.py)
+    TIERS["device-cuda"] = lambda tmp: RamTier(
+        WIDTH, 200 * RamTier(WIDTH, 1).row_bytes, device="cuda", preallocate=True
+    )
+    TIERS["hierarchy-cuda"] = lambda tmp: tiny_hierarchy(tmp / "tiered", device="cuda")
 
 
 def zipf_batches(n_batches: int, seed: int = 0) -> list[Batch]:

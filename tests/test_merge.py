@@ -57,13 +57,13 @@ def settings(optimizer: str, sparse: str | None = None, **store: object) -> Trai
 def state(trainer: Trainer) -> dict[str, np.ndarray]:
     """Dense weights, the dense optimizer's state (Adam moments, Adagrad sums) and every row, as
     numpy (picklable, comparable)."""
-    out = {f"w.{k}": v.detach().numpy().copy() for k, v in trainer.model.state_dict().items()}
+    out = {f"w.{k}": v.detach().cpu().numpy().copy() for k, v in trainer.model.state_dict().items()}
     for i, p in enumerate(trainer.model.parameters()):
         for key, value in trainer.optimizer.state.get(p, {}).items():
             if key != "step":
-                out[f"{key}.{i}"] = value.numpy().copy()
+                out[f"{key}.{i}"] = value.cpu().numpy().copy()
     ids, rows = trainer.table.export()
-    out["ids"], out["rows"] = ids, rows.numpy()
+    out["ids"], out["rows"] = ids, rows.cpu().numpy()
     return out
 
 

@@ -1,6 +1,7 @@
 """Topology parsing and placement plans over every real `nvidia-smi topo -m` matrix in ../shared."""
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -96,6 +97,18 @@ def test_pcie_machines_prefer_the_local_socket():
     assert plan.routes[(0, 1)].link_class == "numa-local"
     topology, plan = load("a10_pcie_4x_no_nvlink")
     assert {r.link_class for r in plan.routes.values()} == {"cross-socket"} and topology.numa_nodes == (0,)
+
+
+def test_one_gpu_machine_whose_header_carries_terminal_escapes():
+    """`nvidia-smi topo -m` as an H200 VM printed it into a file (captured on the device machine,
+    kept with the tests): the header underlined with ESC[4m ... ESC[0m, an empty GPU NUMA ID cell."""
+    text = (Path(__file__).parent / "data" / "topology" / "h200_1x_terminal_escapes.txt").read_text()
+    assert "\x1b[4m" in text
+    topology = parse_topo_matrix(text)
+    assert [(g.index, g.numa, g.cpus) for g in topology.gpus] == [(0, 0, tuple(range(16)))]
+    assert topology.nics == () and topology.links == {}
+    placement = make_plan(topology, {0: "/nvme0"}).placements[0]
+    assert (placement.gpu, placement.numa, placement.rocksdb_dir) == (0, 0, "/nvme0/gpu0")
 
 
 def test_cpu_only_machine(tmp_path):
