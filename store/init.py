@@ -35,7 +35,9 @@ def initial_vectors(ids: np.ndarray, dim: int, seed: int, std: float) -> torch.T
     return torch.from_numpy(out)
 
 
-@numba.njit(cache=True, nogil=True)
+# signatures given: compiled at import (from numba's on-disk cache after the first time), so
+# serving's first request with an unseen id does not wait for a compile
+@numba.njit("uint64(uint64)", cache=True, nogil=True)
 def _mix(x: np.uint64) -> np.uint64:  # splitmix64 of one value (uint64 arithmetic wraps, as numpy's)
     x = x + np.uint64(0x9E3779B97F4A7C15)
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -43,7 +45,7 @@ def _mix(x: np.uint64) -> np.uint64:  # splitmix64 of one value (uint64 arithmet
     return x ^ (x >> np.uint64(31))
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit("void(int64[::1], uint64, float64, float32[:, ::1])", cache=True, nogil=True)
 def _fill_initial(ids: np.ndarray, seed: np.uint64, scale: float, out: np.ndarray) -> None:
     dim = out.shape[1]
     stride = np.uint64(dim + 1)
