@@ -131,3 +131,30 @@ def test_each_demo_run_has_a_scope_of_its_own():
         assert a != b
     assert first.kafka.bootstrap == base.kafka.bootstrap and first.stack == base.stack
     assert first.trainer.snapshot.dir.startswith(base.stack.state_dir)
+
+
+def test_a_cuda_device_this_machine_cannot_give_is_an_error_naming_the_setting(monkeypatch):
+    """Before any CUDA call: no GPU at all, or a replica whose local rank has no GPU of its own
+    (NCCL cannot put two replicas on one GPU) — each names trainer.device and the fix."""
+    import torch
+
+    from stream.schema import load_schema
+    from trainer.errors import TrainerError
+    from trainer.group import check_gpu, join_group
+    from trainer.replica import Trainer
+    from trainer.settings import TrainerSettings
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(TrainerError, match=r"trainer.device='cuda'.*sees no GPU.*trainer.device = \"cpu\""):
+        Trainer(load_schema("criteo"), TrainerSettings(device="cuda"))
+    check_gpu("cpu")  # nothing to check
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    check_gpu("cuda:0")
+    with pytest.raises(TrainerError, match=r"GPU3.*this machine has 1"):
+        check_gpu("cuda:3")
+    for key, value in {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(TrainerError, match=r"GPU1 \(LOCAL_RANK 1\).*trainer.group.workers <= 1"):
+        join_group("cuda")  # the second replica of two on a one-GPU machine, before NCCL is reached

@@ -35,6 +35,34 @@ def backend_for(device: str) -> str:
     return "nccl" if device.startswith("cuda") else "gloo"
 
 
+def local_gpu(device: str) -> int:
+    """The GPU index of a "cuda[:N]" device; plain "cuda" means this process's LOCAL_RANK (torchrun)."""
+    index = torch.device(device).index
+    return index if index is not None else int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def check_gpu(device: str) -> None:
+    """Under trainer.device = cuda: this process's GPU exists, else an error naming the setting and
+    the fix (CUDA's and NCCL's own errors come later and name neither). NCCL cannot put two
+    replicas on one GPU, so a group needs a GPU per replica on each machine."""
+    if not device.startswith("cuda"):
+        return
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise TrainerError(
+            f"trainer.device={device!r}: torch {torch.__version__} sees no GPU on this machine; "
+            'set trainer.device = "cpu", or run where a GPU and its driver are'
+        )
+    gpu = local_gpu(device)
+    if gpu >= count:
+        raise TrainerError(
+            f"trainer.device={device!r}: this replica's GPU would be GPU{gpu} (LOCAL_RANK "
+            f"{os.environ.get('LOCAL_RANK', '0')}), but this machine has {count}; each replica needs a GPU "
+            f'of its own: set trainer.group.workers <= {count}, trainer.device = "cuda" (one GPU per '
+            'local rank), or trainer.device = "cpu"'
+        )
+
+
 def join_group(device: str = "cpu") -> tuple[int, int]:
     """Join the group the environment describes; (rank, world). Without that environment a lone
     process is (0, 1) with no group (every collective in merge.py is then the identity)."""
@@ -44,7 +72,8 @@ def join_group(device: str = "cpu") -> tuple[int, int]:
     rank = int(os.environ["RANK"])
     if not dist.is_initialized():
         if device.startswith("cuda"):
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % max(torch.cuda.device_count(), 1))
+            check_gpu(device)
+            torch.cuda.set_device(local_gpu(device))
         dist.init_process_group(backend_for(device), timeout=COLLECTIVE_TIMEOUT)
     log.info("replica %d of %d joined (%s)", rank, world, dist.get_backend())
     return rank, world

@@ -31,10 +31,10 @@ from prometheus_client import Gauge, start_http_server
 from adstream.checks import flat_fields
 from stream.schema import Schema
 from stream.settings import KafkaSettings
-from trainer.group import Control, join_group, leave_group
+from trainer.group import Control, join_group, leave_group, local_gpu
 from trainer.metrics import merged_summary
 from trainer.publish import send_delta, take_snapshot
-from trainer.replica import Trainer, local_gpu, store_path
+from trainer.replica import Trainer, store_path
 from trainer.schedule import LoopState, Round, Schedule, decide
 from trainer.settings import MlflowSettings, TrainerSettings
 from trainer.snapshot import latest_snapshot

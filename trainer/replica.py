@@ -30,6 +30,7 @@ from stream.featurize import shared_ids
 from stream.schema import Schema
 from trainer.batch import Batch
 from trainer.errors import TrainerError
+from trainer.group import check_gpu, local_gpu
 from trainer.merge import (
     Group,
     MergeStats,
@@ -93,12 +94,6 @@ def store_path(settings: TrainerSettings, rank: int = 0, topology: Topology | No
             f"which has no folder; give one per node (index = node)"
         )
     return placement.rocksdb_dir
-
-
-def local_gpu(device: str) -> int:
-    """The GPU index of a "cuda[:N]" device; plain "cuda" means this process's LOCAL_RANK (torchrun)."""
-    index = torch.device(device).index
-    return index if index is not None else int(os.environ.get("LOCAL_RANK", "0"))
 
 
 def make_tier(settings: TrainerSettings, width: int, rank: int = 0) -> Tier:
@@ -188,6 +183,7 @@ def node_groups(world: int, rank: int, sharded: bool) -> tuple[Group, Group, int
 
 class Trainer:
     def __init__(self, schema: Schema, settings: TrainerSettings) -> None:
+        check_gpu(settings.device)
         if settings.threads:
             torch.set_num_threads(settings.threads)
         self.schema = schema
