@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint bench bench-accuracy bench-store bench-merge bench-serving lock down clean
+.PHONY: setup demo test lint bench bench-accuracy bench-store bench-merge bench-serving bench-step lock down clean
 
 setup: $(VENV)/.installed
 
@@ -37,6 +37,9 @@ bench-merge: setup
 
 bench-serving: setup
 	$(BIN)/adstream bench serving --json .state/bench-serving.json
+
+bench-step: setup
+	$(BIN)/adstream bench step --json .state/bench-step.json
 
 lock:
 	$(BIN)/pip freeze --exclude-editable | grep -v '^adstream' > requirements.lock.new && mv requirements.lock.new requirements.lock

@@ -118,17 +118,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("bench", help="benchmarks printing JSON (not tests)")
-    p.add_argument("which", choices=["pipeline", "store", "merge", "accuracy", "serving"])
+    p.add_argument("which", choices=["pipeline", "store", "merge", "accuracy", "serving", "step"])
     stack_flags(p)
     p.add_argument(
-        "--events", type=int, help="synthetic events (pipeline: per stage, 100000; merge: 2000000; accuracy: 1000000)"
+        "--events",
+        type=int,
+        help="synthetic events (pipeline: per stage, 100000; merge: 2000000; accuracy: 1000000; step: 200000)",
     )
     p.add_argument("--drift", type=float, default=0.5, help="accuracy: drift of the drifting synthetic stream")
     p.add_argument("--no-ablation", action="store_true", help="accuracy: skip the ablation rows")
     p.add_argument("--criteo", default="../shared/data/criteo", help="folder of real Criteo TSV files")
     p.add_argument("--ids", type=int, default=50_000_000, help="store: distinct ids in the table")
     p.add_argument("--batches", type=int, default=40, help="store: timed batches of 4096 events x 26 fields")
-    p.add_argument("--device", default="cpu", help="store: device of the device tier (cuda:0 on a GPU machine)")
+    p.add_argument(
+        "--device", default="cpu", help="store: device of the device tier; step: device timed beside the CPU (cuda:0)"
+    )
+    p.add_argument(
+        "--batch-sizes",
+        default="256,4096",
+        help="step: comma-separated batch sizes (the smallest and largest compared)",
+    )
     p.add_argument("--rate", type=float, default=500.0, help="serving: requests/s of the open-loop load")
     p.add_argument("--seconds", type=float, default=30.0, help="serving: seconds of each load phase")
     p.add_argument("--fresh-seconds", type=float, default=60.0, help="serving: seconds of producing for freshness")

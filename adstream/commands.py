@@ -9,10 +9,13 @@ import argparse
 import json
 import sys
 from dataclasses import asdict, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adstream.config import Config, load_config
 from adstream.errors import CliError
+
+if TYPE_CHECKING:
+    from stream.schema import Schema
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -195,6 +198,22 @@ def cmd_demo(args: argparse.Namespace) -> None:
     run_demo(_config(args), events=args.events, json_path=args.json, seed=args.seed)
 
 
+def _schema(config: Config) -> Schema:
+    from stream.schema import load_schema
+
+    return load_schema(config.stream.schema)
+
+
+def _batch_sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise CliError(f"--batch-sizes {text!r}: give positive integers separated by commas, e.g. 256,4096")
+    return sizes
+
+
 def cmd_bench(args: argparse.Namespace) -> None:
     from bench.pipeline import run_pipeline_bench
 
@@ -227,13 +246,18 @@ def cmd_bench(args: argparse.Namespace) -> None:
             fresh_s=args.fresh_seconds,
             rows=args.rows,
         )
+    elif args.which == "step":
+        from bench.step import run_step_bench
+
+        config = _config(args)
+        sizes = _batch_sizes(args.batch_sizes)
+        result = run_step_bench(_schema(config), config.trainer, args.events or 200_000, sizes, args.device)
     elif args.which == "accuracy":
         from bench.accuracy import run_accuracy_bench
-        from stream.schema import load_schema
 
         config = _config(args)
         result = run_accuracy_bench(
-            load_schema(config.stream.schema),
+            _schema(config),
             config.trainer,
             events=args.events or 1_000_000,
             drift=args.drift,

@@ -1,0 +1,96 @@
+"""`adstream bench step`: events per second of `Trainer.learn` with the trainer's settings, at
+each batch size, on the CPU (the baseline, always measured in the same run) and on `--device`.
+
+Every run learns the same events of the synthetic Criteo stream (featurized as the stream
+featurizes them) with a fresh trainer, so each one sees the same new-id rate: a warm-up share
+first, then the timed rest. Two ratios answer the questions this benchmark exists for:
+  - `batch_speedup[device]`: events/s at the largest batch over the smallest (issue #8 asks
+    batch 4096 for >= 3x batch 256's samples/s);
+  - `device_vs_cpu[batch]`: the device's events/s over the CPU's at that batch.
+`ms_per_step` is wall time per step; on CUDA each step ends in a sync (the step's predictions
+come back to the host), so it is the step's whole time.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from dataclasses import replace
+from typing import Any
+
+import torch
+from rich.progress import Progress
+
+from bench.accuracy import synthetic_stream
+from stream.records import FeatureBatch
+from stream.schema import Schema
+from trainer.batch import batch_from_features
+from trainer.replica import Trainer
+from trainer.settings import TrainerSettings
+
+WARMUP_SHARE = 0.1  # of the events, learned before the clock starts (compiles, allocations, the first rows)
+
+
+def time_steps(schema: Schema, settings: TrainerSettings, features: FeatureBatch, batch: int) -> dict[str, Any]:
+    """One fresh trainer learns `features` in batches of `batch`; the timed part's figures."""
+    torch.manual_seed(0)
+    trainer = Trainer(schema, replace(settings, batch_size=batch))
+    parts = [batch_from_features([part]) for part in features.split(batch)]
+    warmup = max(1, int(len(parts) * WARMUP_SHARE))
+    for part in parts[:warmup]:
+        trainer.learn(part)
+    timed = parts[warmup:]
+    start = time.perf_counter()
+    for part in timed:
+        trainer.learn(part)
+    if settings.device.startswith("cuda"):
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    events = sum(len(part) for part in timed)
+    return {
+        "device": settings.device,
+        "batch": batch,
+        "steps": len(timed),
+        "events": events,
+        "seconds": seconds,
+        "events_per_s": events / seconds if seconds else 0.0,
+        "ms_per_step": 1000 * seconds / max(len(timed), 1),
+    }
+
+
+def run_step_bench(
+    schema: Schema,
+    settings: TrainerSettings,
+    events: int = 200_000,
+    batch_sizes: tuple[int, ...] = (256, 4096),
+    device: str = "cpu",
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Every (device, batch size) pair, the CPU's first. JSON-ready."""
+    features = synthetic_stream(schema, events, drift=0.0).features
+    devices = ["cpu"] if device == "cpu" else ["cpu", device]
+    result: dict[str, Any] = {
+        "events": events,
+        "batch_sizes": list(batch_sizes),
+        "model": settings.model.kind,
+        "store": settings.store.kind,
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads() if not settings.threads else settings.threads,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name() if device.startswith("cuda") and torch.cuda.is_available() else None,
+        "runs": [],
+    }
+    with Progress(disable=not progress) as bar:
+        task = bar.add_task("bench step", total=len(devices) * len(batch_sizes))
+        for name in devices:
+            for batch in batch_sizes:
+                result["runs"].append(time_steps(schema, replace(settings, device=name), features, batch))
+                bar.advance(task)
+    speed = {(r["device"], r["batch"]): r["events_per_s"] for r in result["runs"]}
+    low, high = min(batch_sizes), max(batch_sizes)
+    result["batch_speedup"] = {name: speed[name, high] / speed[name, low] for name in devices}
+    if device != "cpu":
+        result["device_vs_cpu"] = {str(batch): speed[device, batch] / speed["cpu", batch] for batch in batch_sizes}
+    return result
