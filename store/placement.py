@@ -184,6 +184,8 @@ def describe(topology: Topology, plan: Plan) -> str:
             f"  GPU{p.gpu}: NUMA node {p.numa} ({len(p.cpus)} CPUs), shard {p.shard}/{plan.num_shards}, "
             f"RocksDB {p.rocksdb_dir}, NIC {p.nic or '-'}, peers {list(p.peers)}"
         )
+    if not plan.routes:  # one GPU: nothing to route
+        return "\n".join(lines)
     lines.append("routes (slowest hop):")
     for p in plan.placements:
         parts = []

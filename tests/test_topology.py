@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from store.errors import StoreError
-from store.placement import make_plan, pin_to, shard_of
+from store.placement import describe, make_plan, pin_to, shard_of
 from store.topology import cpu_only_topology, parse_cpu_list, parse_topo_matrix
 from tests.helpers import needs_shared, shared_dir
 
@@ -109,6 +109,8 @@ def test_one_gpu_machine_whose_header_carries_terminal_escapes():
     assert topology.nics == () and topology.links == {}
     placement = make_plan(topology, {0: "/nvme0"}).placements[0]
     assert (placement.gpu, placement.numa, placement.rocksdb_dir) == (0, 0, "/nvme0/gpu0")
+    report = describe(topology, make_plan(topology))
+    assert "GPU0: NUMA node 0 (16 CPUs)" in report and "routes" not in report  # one GPU: no routes to list
 
 
 def test_cpu_only_machine(tmp_path):
