@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import platform
+import tempfile
 import time
 from dataclasses import replace
 from typing import Any
@@ -48,6 +49,8 @@ def time_steps(schema: Schema, settings: TrainerSettings, features: FeatureBatch
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     events = sum(len(part) for part in timed)
+    if settings.store.kind == "tiered":
+        trainer.table.tier.close()  # type: ignore[attr-defined] # its RocksDB, before the next run opens one
     return {
         "device": settings.device,
         "batch": batch,
@@ -82,11 +85,13 @@ def run_step_bench(
         "gpu": torch.cuda.get_device_name() if device.startswith("cuda") and torch.cuda.is_available() else None,
         "runs": [],
     }
-    with Progress(disable=not progress) as bar:
+    with Progress(disable=not progress) as bar, tempfile.TemporaryDirectory(prefix="bench-step-") as work:
         task = bar.add_task("bench step", total=len(devices) * len(batch_sizes))
         for name in devices:
             for batch in batch_sizes:
-                result["runs"].append(time_steps(schema, replace(settings, device=name), features, batch))
+                store = replace(settings.store, path=f"{work}/{name}-{batch}")  # the tiered store's own RocksDB
+                run = time_steps(schema, replace(settings, device=name, store=store), features, batch)
+                result["runs"].append(run)
                 bar.advance(task)
     speed = {(r["device"], r["batch"]): r["events_per_s"] for r in result["runs"]}
     low, high = min(batch_sizes), max(batch_sizes)

@@ -5,7 +5,7 @@ import pytest
 
 from adstream.cli import main
 from bench.step import WARMUP_SHARE, run_step_bench
-from trainer.settings import ModelSettings, TrainerSettings
+from trainer.settings import ModelSettings, StoreSettings, TrainerSettings
 
 
 def test_bench_step_times_each_batch_size_over_the_same_events(schema):
@@ -21,6 +21,17 @@ def test_bench_step_times_each_batch_size_over_the_same_events(schema):
         )
     assert result["batch_speedup"]["cpu"] == pytest.approx(runs[600]["events_per_s"] / runs[50]["events_per_s"])
     assert "device_vs_cpu" not in result and result["gpu"] is None  # the CPU alone: nothing to compare with
+
+
+def test_bench_step_runs_the_tiered_store_each_run_on_its_own_rocksdb(schema, tmp_path):
+    settings = TrainerSettings(
+        model=ModelSettings(embed_dim=4, hidden=(16,)),
+        store=StoreSettings(kind="tiered", ram_bytes=40_000, path=str(tmp_path / "unused")),
+        threads=1,
+    )
+    result = run_step_bench(schema, settings, events=3000, batch_sizes=(100, 300), progress=False)
+    assert result["store"] == "tiered" and [run["batch"] for run in result["runs"]] == [100, 300]
+    assert not (tmp_path / "unused").exists()  # every run had a RocksDB of its own, removed after
 
 
 def test_bench_step_refuses_batch_sizes_it_cannot_read(capsys):
