@@ -144,12 +144,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", type=int, default=1_000_000, help="serving: table rows for the publish-bytes figures")
     p.add_argument("--json", help="write the JSON here too")
     p.set_defaults(func=cmd_bench)
+    # --config and --set after the subcommand too (`adstream train --set trainer.lr=...`): their own
+    # destinations, merged into the global ones by `parse` (argparse would let one replace the other)
+    for command in sub.choices.values():
+        command.add_argument("--config", dest="config_after", default=None, help=argparse.SUPPRESS)
+        command.add_argument("--set", dest="set_after", action="append", default=[], help=argparse.SUPPRESS)
     return parser
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The command line, with --config / --set given before or after the subcommand (--set in the
+    order given, before ones first; a --config after the subcommand wins)."""
+    args = build_parser().parse_args(argv)
+    args.set = [*args.set, *args.set_after]
+    args.config = args.config_after or args.config
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     args.argv = argv  # the supervisor of `train --workers N` starts replicas with the same arguments
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:

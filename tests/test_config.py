@@ -158,3 +158,17 @@ def test_a_cuda_device_this_machine_cannot_give_is_an_error_naming_the_setting(m
         monkeypatch.setenv(key, value)
     with pytest.raises(TrainerError, match=r"GPU1 \(LOCAL_RANK 1\).*trainer.group.workers <= 1"):
         join_group("cuda")  # the second replica of two on a one-GPU machine, before NCCL is reached
+
+
+def test_config_and_set_are_taken_before_or_after_the_subcommand(tmp_path):
+    from adstream.cli import parse
+
+    args = parse(["--set", "trainer.optim.lr=0.1", "bench", "step", "--set", "trainer.optim.lr=0.2", "--set", "x.y=1"])
+    assert args.set == ["trainer.optim.lr=0.1", "trainer.optim.lr=0.2", "x.y=1"]  # before ones first
+    config = load_config(None, args.set[:2])
+    assert config.trainer.optim.lr == 0.2  # the later one wins
+    file = tmp_path / "a.toml"
+    file.write_text("[trainer]\nbatch_size = 32\n")
+    assert parse(["train", "--workers", "2", "--config", str(file)]).config == str(file)
+    assert parse(["--config", str(file), "train"]).config == str(file)
+    assert parse(["train"]).set == []
