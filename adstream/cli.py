@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", type=int, default=1_000_000, help="serving: table rows for the publish-bytes figures")
     p.add_argument("--json", help="write the JSON here too")
     p.set_defaults(func=cmd_bench)
-    # --config and --set after the subcommand too (`adstream train --set trainer.lr=...`): their own
+    # --config and --set after the subcommand too (`adstream train --set trainer.optim.lr=...`): their own
     # destinations, merged into the global ones by `parse` (argparse would let one replace the other)
     for command in sub.choices.values():
         command.add_argument("--config", dest="config_after", default=None, help=argparse.SUPPRESS)
