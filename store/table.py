@@ -156,10 +156,10 @@ class EmbeddingTable:
         unique, inverse = self._unique(flat)
         if self.config.min_count <= 1:
             rows, found = self.tier.read(unique)
-            rows = rows.cpu()
+            rows = rows.to(device)  # an HBM tier's rows stay on the GPU: no round trip through the host
             fresh = np.nonzero(~found)[0]
             if len(fresh):
-                rows[torch.from_numpy(fresh)] = self.fresh_rows(unique[fresh])
+                rows[torch.from_numpy(fresh).to(rows.device)] = self.fresh_rows(unique[fresh]).to(rows.device)
             counts = np.bincount(inverse, minlength=len(unique))
             return self._finish(
                 unique, inverse, rows, rows[:, : self.dim], counts, np.zeros(0, np.int64), len(fresh), device

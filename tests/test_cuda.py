@@ -71,3 +71,23 @@ def test_a_snapshot_written_on_cuda_restores_and_serves_on_the_cpu(tmp_path):
     assert_states_close(state(cpu), state(gpu))
     served = load_served_model(path, "1", SCHEMA)  # serving's loader, on a host with no GPU in use
     np.testing.assert_allclose(predict_events(served, events, SCHEMA), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_cpu_snapshot_resumes_on_cuda_and_learns_on_as_the_cpu_does(tmp_path):
+    """Recovery onto a GPU: the rows and their Adam state go into the HBM hierarchy, the dense
+    weights and moments into the model on the GPU, and both trainers then learn the same."""
+    cpu = Trainer(SCHEMA, on("cpu", "adam", "tiered", str(tmp_path / "cpu")))
+    batches = make_batches(seed=11, steps=8)
+    for batch in batches[:4]:
+        cpu.learn(batch)
+    path = cpu.save(tmp_path / "snapshots")
+    assert path is not None
+    gpu = Trainer(SCHEMA, on(GPU, "adam", "tiered", str(tmp_path / "gpu")))
+    gpu.restore(path)
+    assert gpu.step == cpu.step == 4
+    for batch in batches[4:]:
+        cpu.learn(batch)
+        gpu.learn(batch)
+    assert_states_close(state(gpu), state(cpu), atol=1e-4)
+    gpu.table.tier.close()
+    cpu.table.tier.close()
