@@ -35,6 +35,12 @@ def _config(args: argparse.Namespace) -> Config:
     return config
 
 
+def _schema(config: Config) -> Schema:
+    from stream.schema import load_schema
+
+    return load_schema(config.stream.schema)
+
+
 def cmd_up(args: argparse.Namespace) -> None:
     from adstream import stack
     from stream.topics import ensure_topics
@@ -66,12 +72,11 @@ def cmd_status(args: argparse.Namespace) -> None:
 
 def cmd_replay(args: argparse.Namespace) -> None:
     from stream.replay import log_records, replay, synthetic_records
-    from stream.schema import load_schema
     from stream.synthetic import SyntheticConfig, SyntheticCriteo
     from stream.topics import ensure_topics
 
     config = _config(args)
-    schema = load_schema(config.stream.schema)
+    schema = _schema(config)
     ensure_topics(config.kafka)
     if args.synthetic:
         generator = SyntheticCriteo(schema, SyntheticConfig(seed=args.seed, drift_per_million=args.drift))
@@ -108,7 +113,6 @@ def cmd_stream(args: argparse.Namespace) -> None:
 def cmd_train(args: argparse.Namespace) -> None:
     import os
 
-    from stream.schema import load_schema
     from trainer.loop import run_training
 
     config = _config(args)
@@ -123,7 +127,7 @@ def cmd_train(args: argparse.Namespace) -> None:
             raise CliError(f"train: the replica group failed (exit {code}); see the log above")
         return
     summary = run_training(
-        load_schema(config.stream.schema),
+        _schema(config),
         config.kafka,
         config.trainer,
         config.mlflow,
@@ -136,7 +140,6 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> None:
     from serving.app import run_server
-    from stream.schema import load_schema
 
     config = _config(args)
     serving = config.serving
@@ -144,7 +147,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         serving = replace(serving, port=args.port)
     if args.alias:
         serving = replace(serving, alias=args.alias)
-    run_server(serving, load_schema(config.stream.schema), config.mlflow.tracking_uri, config.mlflow.model_name)
+    run_server(serving, _schema(config), config.mlflow.tracking_uri, config.mlflow.model_name)
 
 
 def cmd_predict(args: argparse.Namespace) -> None:
@@ -196,12 +199,6 @@ def cmd_demo(args: argparse.Namespace) -> None:
     from adstream.demo import run_demo
 
     run_demo(_config(args), events=args.events, json_path=args.json, seed=args.seed)
-
-
-def _schema(config: Config) -> Schema:
-    from stream.schema import load_schema
-
-    return load_schema(config.stream.schema)
 
 
 def _batch_sizes(text: str) -> tuple[int, ...]:

@@ -39,9 +39,9 @@ def initial_vectors(ids: np.ndarray, dim: int, seed: int, std: float) -> torch.T
 # serving's first request with an unseen id does not wait for a compile
 @numba.njit("uint64(uint64)", cache=True, nogil=True)
 def _mix(x: np.uint64) -> np.uint64:  # splitmix64 of one value (uint64 arithmetic wraps, as numpy's)
-    x = x + np.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    x = x + _GOLDEN  # the module's constants: numba freezes globals at compile time
+    x = (x ^ (x >> np.uint64(30))) * _M1
+    x = (x ^ (x >> np.uint64(27))) * _M2
     return x ^ (x >> np.uint64(31))
 
 
