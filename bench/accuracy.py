@@ -41,6 +41,7 @@ from trainer.settings import TrainerSettings
 REAL_BATCH = 64  # 10k rows: 160 steps at 64 (at 1024 they would be 10); see the README on batch size
 WINDOW = 100_000  # the synthetic streams' last-window figures
 ABLATION: dict[str, dict[str, Any]] = {  # one default changed at a time
+    "wide_per_event=false (one wide step per batch)": {"optim.wide_per_event": False},
     "sparse_optimizer=adagrad": {"optim.sparse_optimizer": "adagrad"},
     "sparse_optimizer=adam": {"optim.sparse_optimizer": "adam", "optim.sparse_lr": 0.01, "optim.wide_lr": 0.01},
     "wide_lr=0.01": {"optim.wide_lr": 0.01},

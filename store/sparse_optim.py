@@ -44,6 +44,9 @@ class SparseOptimConfig:
     ftrl_l1: float = 0.0  # FTRL-Proximal L1 (sparsifies weights; 0 for embeddings)
     clip_ratio: float = 0.0  # CowClip r: clip an id's gradient to count * max(r * |w|, clip_floor); 0 = off
     clip_floor: float = 1e-5  # CowClip zeta: the smallest clipping threshold per occurrence
+    # the last column learns event by event inside a batch (trainer/wide.py), not by this module's
+    # batch step: EmbeddingTable.update is then given those columns (not clipped: one event at a time)
+    wide_per_event: bool = False
 
     def __post_init__(self) -> None:
         check_fields(self, "SparseOptimConfig", StoreError)

@@ -233,14 +233,19 @@ class EmbeddingTable:
         if self.prefetches:
             self._next_ids = ids
 
-    def update(self, lookup: Lookup, grad: torch.Tensor, step: int) -> None:
-        """Apply the sparse optimizer with grad (u, dim) (of the batch's summed loss) and write the rows back."""
+    def update(self, lookup: Lookup, grad: torch.Tensor, step: int, wide_columns: torch.Tensor | None = None) -> None:
+        """Apply the sparse optimizer with grad (u, dim) (of the batch's summed loss) and write the rows back.
+        wide_columns (u, 3): the last column's (vector, state_a, state_b) as learned event by event
+        (trainer/wide.py); they replace what the batch step made of that column."""
         if not self.trainable:
             raise StoreError(
                 "EmbeddingTable.update: this table holds vectors only (a served snapshot); it cannot learn"
             )
         grad = cowclip(grad, lookup.rows[:, : self.dim], lookup.counts, self.config.optim)
         new_rows = sparse_step(lookup.rows, grad, step, self.config.optim).detach()
+        if wide_columns is not None:
+            last = self.dim - 1
+            new_rows[:, [last, last + self.dim, last + 2 * self.dim]] = wide_columns
         self.count_sightings(lookup)
         self.tier.write(lookup.unique_ids, new_rows, step=step)
         self._touched.append(lookup.unique_ids)

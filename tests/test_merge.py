@@ -43,12 +43,22 @@ def make_batches(seed: int, steps: int = 4, size: int = 32, vocab: int = 60, lis
     return out
 
 
-def settings(optimizer: str, sparse: str | None = None, **store: object) -> TrainerSettings:
-    """Dense `optimizer` ("adam" or "sgd"); the sparse one is `sparse`, else the same as the dense."""
+def settings(optimizer: str, sparse: str | None = None, per_event: bool = False, **store: object) -> TrainerSettings:
+    """Dense `optimizer` ("adam" or "sgd"); the sparse one is `sparse`, else the same as the dense.
+    per_event: the ids' wide weights learn event by event (optim.wide_per_event); off by default
+    here because the synchronous and sharded paths these tests compare with step them per batch."""
     lr = 0.05 if optimizer == "sgd" else 0.01
+    optim = OptimSettings(
+        optimizer=optimizer,
+        sparse_optimizer=sparse or optimizer,
+        lr=lr,
+        sparse_lr=lr,
+        wide_lr=lr,
+        wide_per_event=per_event,
+    )
     return TrainerSettings(
         model=ModelSettings(embed_dim=4, hidden=(8,)),
-        optim=OptimSettings(optimizer=optimizer, sparse_optimizer=sparse or optimizer, lr=lr, sparse_lr=lr, wide_lr=lr),
+        optim=optim,
         store=StoreSettings(**store),  # type: ignore[arg-type]
         threads=1,
     )
@@ -88,7 +98,7 @@ def merge_every_step_vs_sync(optimizer: str) -> tuple[dict, dict]:
 
 
 def same_batches(k: int, sparse: str) -> dict:
-    trainer = Trainer(load_schema("criteo"), settings("adam", sparse))
+    trainer = Trainer(load_schema("criteo"), settings("adam", sparse, per_event=True))
     for i, batch in enumerate(make_batches(seed=7, steps=6), start=1):
         trainer.learn(batch)
         if i % k == 0:
@@ -97,7 +107,7 @@ def same_batches(k: int, sparse: str) -> dict:
 
 
 def same_batches_with_a_list_field(k: int) -> dict:
-    trainer = Trainer(load_schema("criteo_tags"), settings("adam", "ftrl"))
+    trainer = Trainer(load_schema("criteo_tags"), settings("adam", "ftrl", per_event=True))
     for i, batch in enumerate(make_batches(seed=7, steps=6, lists=True), start=1):
         trainer.learn(batch)
         if i % k == 0:
@@ -175,7 +185,7 @@ def test_adam_merge_every_step_differs_from_synchronous_adam():
 def test_replicas_fed_the_same_batches_equal_one_process(k, sparse):
     """Whatever the sparse optimizer keeps in its rows is averaged with them."""
     replicas = launch_local(same_batches, 2, k, sparse)
-    alone = Trainer(load_schema("criteo"), settings("adam", sparse))
+    alone = Trainer(load_schema("criteo"), settings("adam", sparse, per_event=True))
     for batch in make_batches(seed=7, steps=6):
         alone.learn(batch)
     for replica in replicas:
@@ -185,7 +195,7 @@ def test_replicas_fed_the_same_batches_equal_one_process(k, sparse):
 def test_replicas_with_a_list_field_fed_the_same_batches_equal_one_process():
     """List values' rows are rows: merged like any other (criteo_tags, pooled "tags")."""
     replicas = launch_local(same_batches_with_a_list_field, 2, 2)
-    alone = Trainer(load_schema("criteo_tags"), settings("adam", "ftrl"))
+    alone = Trainer(load_schema("criteo_tags"), settings("adam", "ftrl", per_event=True))
     for batch in make_batches(seed=7, steps=6, lists=True):
         alone.learn(batch)
     tag_rows = (state(alone)["ids"] >> 33) == FIELDS

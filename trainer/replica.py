@@ -148,6 +148,7 @@ def table_config(model: ModelConfig, settings: TrainerSettings) -> TableConfig:
         l2=optim.sparse_l2,
         initial_accumulator=optim.initial_accumulator,
         clip_ratio=optim.clip_ratio,
+        wide_per_event=optim.wide_per_event,
     )
     return TableConfig(
         dim=model.row_dim,
@@ -277,7 +278,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         ids, grad, probs = np.zeros(0, dtype=np.int64), torch.zeros((0, self.table.dim)), None
         if batch is not None:
-            result, lookup, grad = backward(self.model, self.optimizer, self.table, batch.to(self.device))
+            result, lookup, grad, _ = backward(self.model, self.optimizer, self.table, batch.to(self.device))
             ids = lookup.unique_ids
             self.table.count_sightings(lookup)
             probs = result.probs
@@ -304,7 +305,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         sent_before, probs = self.shards.bytes_sent, None
         if batch is not None:
-            result, _, grad = backward(self.model, self.optimizer, self.shards, batch.to(self.device))
+            result, _, grad, _ = backward(self.model, self.optimizer, self.shards, batch.to(self.device))
             probs = result.probs
         else:
             self.shards.lookup(np.zeros(0, dtype=np.int64))

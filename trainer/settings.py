@@ -55,6 +55,10 @@ class OptimSettings:
     sparse_optimizer: str = one_of(SPARSE_OPTIMIZERS, "ftrl")  # "ftrl" (FTRL-Proximal), "adagrad", "adam", "sgd"
     sparse_lr: float = at_least(0, 0.0)  # factor columns' rate (FTRL: alpha); 0 = the family's (dcn 0.15, others 0.05)
     wide_lr: float = at_least(0, 0.05)  # rate of the wide part: ids' first-order weights, bias, dense linear term
+    # ids' first-order weights learn event by event inside each batch, as an online LR does
+    # (trainer/wide.py); false: one step per batch like the factors. The synchronous paths
+    # (group.merge_every_steps = 0, shard_within_node) always step them per batch
+    wide_per_event: bool = True
     sparse_l2: float = at_least(0, 0.0)  # L2 penalty on the rows a step touches
     initial_accumulator: float = at_least(0, 0.0)  # Adagrad / FTRL: start of each squared-gradient sum
     init_std: float = at_least(0, 0.01)  # std of a new row's initial vector
