@@ -172,3 +172,21 @@ def test_config_and_set_are_taken_before_or_after_the_subcommand(tmp_path):
     assert parse(["train", "--workers", "2", "--config", str(file)]).config == str(file)
     assert parse(["--config", str(file), "train"]).config == str(file)
     assert parse(["train"]).set == []
+
+
+def test_the_family_factor_rate_grows_with_the_square_root_of_the_batch_above_256():
+    from stream.schema import load_schema
+    from trainer.replica import model_config, table_config
+    from trainer.settings import FAMILY_DEFAULTS, OptimSettings, TrainerSettings
+
+    schema = load_schema("criteo")
+
+    def rate(batch_size: int, sparse_lr: float = 0.0) -> float:
+        settings = TrainerSettings(batch_size=batch_size, optim=OptimSettings(sparse_lr=sparse_lr))
+        return table_config(model_config(schema, settings), settings).optim.lr
+
+    family = FAMILY_DEFAULTS["dcn"][1]
+    assert rate(64) == rate(256) == family  # the rate it was tuned at, and below it
+    assert rate(1024) == pytest.approx(2 * family)
+    assert rate(4096) == pytest.approx(4 * family)
+    assert rate(4096, sparse_lr=0.1) == 0.1  # a rate the user set is taken as it is

@@ -46,7 +46,7 @@ from trainer.merge import (
 from trainer.metrics import ProgressiveMetrics
 from trainer.model import CtrModel, ModelConfig
 from trainer.optim import wide_deep_optimizer
-from trainer.settings import FAMILY_DEFAULTS, TrainerSettings
+from trainer.settings import FAMILY_DEFAULTS, TrainerSettings, family_sparse_lr
 from trainer.shard import ShardedTable
 from trainer.snapshot import (
     Manifest,
@@ -143,7 +143,7 @@ def table_config(model: ModelConfig, settings: TrainerSettings) -> TableConfig:
     optim = settings.optim
     sparse = SparseOptimConfig(
         name=optim.sparse_optimizer,
-        lr=optim.sparse_lr or FAMILY_DEFAULTS[settings.model.kind][1],
+        lr=optim.sparse_lr or family_sparse_lr(settings.model.kind, settings.batch_size),
         wide_lr=optim.wide_lr,
         l2=optim.sparse_l2,
         initial_accumulator=optim.initial_accumulator,
