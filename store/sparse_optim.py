@@ -130,6 +130,11 @@ def split_rows(rows: torch.Tensor, dim: int) -> Block:
     return rows[:, :dim], rows[:, dim : 2 * dim], rows[:, 2 * dim :]
 
 
+def wide_columns(dim: int) -> list[int]:
+    """Where the last (first-order) column of each block sits in a row: its (w, state_a, state_b)."""
+    return [dim - 1, 2 * dim - 1, 3 * dim - 1]
+
+
 def join_rows(vector: torch.Tensor, state_a: torch.Tensor, state_b: torch.Tensor) -> torch.Tensor:
     """The inverse of split_rows: (u, dim) x 3 -> (u, 3*dim)."""
     return torch.cat([vector, state_a, state_b], dim=1)

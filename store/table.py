@@ -28,6 +28,7 @@ from store.admission import AdmissionSketch
 from store.errors import StoreError
 from store.init import initial_vectors
 from store.sparse_optim import SparseOptimConfig, cowclip, row_width, sparse_step
+from store.sparse_optim import wide_columns as wide_columns_of
 from store.tier import Tier
 
 
@@ -244,8 +245,7 @@ class EmbeddingTable:
         grad = cowclip(grad, lookup.rows[:, : self.dim], lookup.counts, self.config.optim)
         new_rows = sparse_step(lookup.rows, grad, step, self.config.optim).detach()
         if wide_columns is not None:
-            last = self.dim - 1
-            new_rows[:, [last, last + self.dim, last + 2 * self.dim]] = wide_columns
+            new_rows[:, wide_columns_of(self.dim)] = wide_columns
         self.count_sightings(lookup)
         self.tier.write(lookup.unique_ids, new_rows, step=step)
         self._touched.append(lookup.unique_ids)
@@ -303,12 +303,19 @@ class EmbeddingTable:
 
     def apply_grad(self, ids: np.ndarray, grad: torch.Tensor, step: int) -> None:
         """One optimizer step on rows for unique ids with grad (n, dim) (synchronous data parallel:
-        every replica applies the same averaged gradient). Unseen ids start from their initial row."""
+        every replica applies the same averaged gradient). Unseen ids start from their initial row.
+        grad (n, dim + 3): its last 3 columns are the wide column's (w, state_a, state_b) changes,
+        learned event by event (trainer/wide.py) and averaged; they replace the step's own."""
         rows, held = self.stored_rows(ids)
         if not held.all():
             fresh = np.nonzero(~held)[0]
             rows[torch.from_numpy(fresh)] = self.fresh_rows(ids[fresh])
-        self.put(ids, sparse_step(rows, grad.cpu(), step, self.config.optim).detach(), step)
+        grad = grad.cpu()
+        new_rows = sparse_step(rows, grad[:, : self.dim], step, self.config.optim).detach()
+        if grad.shape[1] > self.dim:
+            wide = wide_columns_of(self.dim)
+            new_rows[:, wide] = rows[:, wide] + grad[:, self.dim :]
+        self.put(ids, new_rows, step)
 
     def expire_cold(self) -> int:
         """Let the tier drop rows past their TTL that it keeps cold (the tiered store's RocksDB);

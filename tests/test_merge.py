@@ -46,7 +46,7 @@ def make_batches(seed: int, steps: int = 4, size: int = 32, vocab: int = 60, lis
 def settings(optimizer: str, sparse: str | None = None, per_event: bool = False, **store: object) -> TrainerSettings:
     """Dense `optimizer` ("adam" or "sgd"); the sparse one is `sparse`, else the same as the dense.
     per_event: the ids' wide weights learn event by event (optim.wide_per_event); off by default
-    here because the synchronous and sharded paths these tests compare with step them per batch."""
+    here because the sharded path, which many of these tests compare with, steps them per batch."""
     lr = 0.05 if optimizer == "sgd" else 0.01
     optim = OptimSettings(
         optimizer=optimizer,
@@ -84,12 +84,12 @@ def assert_states_close(a: dict[str, np.ndarray], b: dict[str, np.ndarray], atol
 
 
 # --- what each replica runs (module level: the processes are spawned) ------------------------
-def merge_every_step_vs_sync(optimizer: str) -> tuple[dict, dict]:
+def merge_every_step_vs_sync(optimizer: str, per_event: bool = False) -> tuple[dict, dict]:
     import torch.distributed as dist
 
     schema = load_schema("criteo")
     batches = make_batches(seed=dist.get_rank())
-    merging, syncing = Trainer(schema, settings(optimizer)), Trainer(schema, settings(optimizer))
+    merging, syncing = (Trainer(schema, settings(optimizer, per_event=per_event)) for _ in range(2))
     for batch in batches:
         merging.learn(batch)
         merging.merge()
@@ -162,8 +162,11 @@ def sparse_merge_case() -> dict[int, np.ndarray]:
 
 
 # --- the tests -------------------------------------------------------------------------------
-def test_sgd_merged_every_step_equals_synchronous_data_parallel():
-    (merge0, sync0), (merge1, sync1) = launch_local(merge_every_step_vs_sync, 2, "sgd")
+@pytest.mark.parametrize("per_event", [False, True])
+def test_sgd_merged_every_step_equals_synchronous_data_parallel(per_event):
+    """With the wide part per event too: sync averages the replicas' per-event changes of the wide
+    weights, as averaging the replicas' rows after a step does."""
+    (merge0, sync0), (merge1, sync1) = launch_local(merge_every_step_vs_sync, 2, "sgd", per_event)
     assert_states_close(merge0, sync0)
     assert_states_close(merge1, sync1)
     assert_states_close(merge0, merge1, atol=0)  # replicas are identical after every merge
@@ -250,11 +253,13 @@ def test_sparse_merge_disjoint_overlapping_new_and_expired_rows():
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-@pytest.mark.parametrize("method", ["learn_sync", "learn_sharded"])
-def test_a_lone_synchronous_step_equals_a_local_step(optimizer, method):
-    """Without a group every collective is the identity: learn_sync == learn, rows included; and
-    sharded over a group of one, the shard is the whole table."""
-    local, sync = Trainer(SCHEMA, settings(optimizer)), Trainer(SCHEMA, settings(optimizer))
+@pytest.mark.parametrize(
+    ("method", "per_event"), [("learn_sync", False), ("learn_sync", True), ("learn_sharded", False)]
+)
+def test_a_lone_synchronous_step_equals_a_local_step(optimizer, method, per_event):
+    """Without a group every collective is the identity: learn_sync == learn, rows included (the
+    wide part per event as well); and sharded over a group of one, the shard is the whole table."""
+    local, sync = (Trainer(SCHEMA, settings(optimizer, per_event=per_event)) for _ in range(2))
     for batch in make_batches(seed=3):
         expected = local.learn(batch).probs
         probs, stats = getattr(sync, method)(batch)

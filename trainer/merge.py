@@ -221,15 +221,17 @@ def average_grads(model: torch.nn.Module, group: Group = None) -> int:
 def average_row_grads(
     table: EmbeddingTable, ids: np.ndarray, grad: torch.Tensor
 ) -> tuple[np.ndarray, torch.Tensor, int]:
-    """Synchronous data parallel, sparse: this rank's (ids (n,), grad (n, dim)) -> the union of
-    ids over the ranks and each row's gradient averaged over the ranks that touched it.
-    Returns (union (u,), grad (u, dim), bytes sent)."""
+    """Synchronous data parallel, sparse: this rank's (ids (n,), grad (n, w)) -> the union of
+    ids over the ranks and each row's gradient averaged over the ranks that touched it. w is the
+    same on every rank: dim, or dim + 3 with the wide columns' per-event changes (trainer/wide.py).
+    Returns (union (u,), grad (u, w), bytes sent)."""
     union, sent = union_ids(ids)
+    width = grad.shape[1]
     if len(union) == 0:
-        return union, torch.zeros((0, table.dim)), sent
+        return union, torch.zeros((0, width)), sent
     where = torch.from_numpy(np.searchsorted(union, ids))
-    payload = torch.zeros((len(union), table.dim + 1))
-    payload[where, : table.dim] = grad.detach().cpu()
+    payload = torch.zeros((len(union), width + 1))
+    payload[where, :width] = grad.detach().cpu()
     payload[where, -1] = 1.0
     if not alone():
         payload = payload.to(comm_device())

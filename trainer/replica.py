@@ -22,7 +22,7 @@ from prometheus_client import Counter
 
 from store.hierarchy import HierarchyConfig, TieredStore
 from store.ram import RamTier
-from store.sparse_optim import SparseOptimConfig, row_width
+from store.sparse_optim import SparseOptimConfig, row_width, wide_columns
 from store.table import EmbeddingTable, TableConfig
 from store.tier import Tier
 from store.topology import Topology
@@ -271,14 +271,24 @@ class Trainer:
     def learn_sync(self, batch: Batch | None) -> tuple[np.ndarray | None, MergeStats]:
         """Synchronous data parallel: one step with gradients averaged over the group before the
         update. A replica without a batch this round contributes zero gradients. Collective.
+        With the wide part per event, each replica runs its own batch's events through the wide
+        weights and the rows take the average of the replicas' changes (sent with the gradients).
         Returns this replica's predictions (B,) made before the update (None without a batch)."""
         started = time.perf_counter()
         self.step += 1
         self._set_lr()
         self.optimizer.zero_grad(set_to_none=True)
-        ids, grad, probs = np.zeros(0, dtype=np.int64), torch.zeros((0, self.table.dim)), None
+        optim = self.table_config.optim
+        per_event = optim if optim.wide_per_event else None
+        width = self.table.dim + (3 if per_event else 0)
+        ids, grad, probs = np.zeros(0, dtype=np.int64), torch.zeros((0, width)), None
         if batch is not None:
-            result, lookup, grad, _ = backward(self.model, self.optimizer, self.table, batch.to(self.device))
+            result, lookup, grad, wide = backward(
+                self.model, self.optimizer, self.table, batch.to(self.device), per_event, self.step
+            )
+            if wide is not None:  # the wide columns' changes travel (and are averaged) with the gradients
+                change = wide.columns - lookup.rows[:, wide_columns(self.table.dim)]
+                grad = torch.cat([grad, change], dim=1)
             ids = lookup.unique_ids
             self.table.count_sightings(lookup)
             probs = result.probs

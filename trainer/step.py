@@ -1,7 +1,9 @@
 """One train step and one prediction, as functions over (model, optimizer, table, batch).
 
 Progressive validation comes for free: the probabilities returned by train_step are computed
-before the step changes any weight, so each batch is scored before it is learned.
+before anything learns from the event they score, so each batch is scored before it is learned
+(with the wide part per event, trainer/wide.py, event i's score already has the batch's earlier
+events in its ids' first-order weights, as an online learner's would).
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ cross layers, dense linear term, bias) still steps once per batch:
 `weight` is 1 for a single-id field and 1 / length for a value of a mean-pooled list field (its
 share of the pooled row). The step is the same rule as store/sparse_optim.py's on the vector's
 last column (at `wide_lr`), in float64, one event at a time; at batch size 1 both paths give the
-same rows (tests/test_wide.py). The batch's deep gradients are then taken at the p_i above, so
-the deep part learns what the wide part left over.
+same rows (tests/test_wide.py). The rest of the model keeps the batch's own gradients, taken at
+the weights it read (trainer/step.py says why).
 
 Shapes: logits (B,), labels (B,); an occurrence is one (event, row) pair: starts (B + 1,) into
 rows_of (n,) and weights (n,); rows (u, 3 * dim) as the lookup read them.
@@ -31,7 +31,7 @@ import numba
 import numpy as np
 import torch
 
-from store.sparse_optim import SparseOptimConfig
+from store.sparse_optim import SparseOptimConfig, wide_columns
 from store.table import Lookup
 from trainer.batch import Batch
 
@@ -49,6 +49,8 @@ def occurrences(batch: Batch, list_pooling: tuple[str, ...], inverse: np.ndarray
     weights (n,)). `inverse` (positions,) is the lookup's, in forward()'s order: the single-id
     fields event by event, then each list field's values."""
     n, f = batch.ids.shape
+    if not batch.lists:  # f rows per event, already in event order
+        return np.arange(n + 1) * f, inverse.astype(np.int64), np.ones(n * f)
     events = [np.repeat(np.arange(n), f)]
     weights = [np.ones(n * f)]
     for j, (starts, _) in enumerate(batch.lists):
@@ -72,9 +74,8 @@ def learn_wide(
 ) -> WideUpdate:
     """Run the batch's events in order through the wide weights (see the module docstring).
     Pure: the lookup's rows are read, not changed. `step` (1-based) is Adam's bias correction."""
-    dim = lookup.rows.shape[1] // 3
     # a GPU sync point: the pass runs on the host, over B logits and the touched rows' 3 columns
-    columns = lookup.rows[:, [dim - 1, 2 * dim - 1, 3 * dim - 1]].double().cpu().numpy().copy()
+    columns = lookup.rows[:, wide_columns(lookup.rows.shape[1] // 3)].double().cpu().numpy().copy()
     starts, rows_of, weights = occurrences(batch, list_pooling, lookup.inverse.cpu().numpy())
     shift = _wide_pass(
         logits.detach().double().cpu().numpy(),
