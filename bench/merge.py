@@ -205,14 +205,19 @@ def run_merge_bench(
     schema = load_schema("criteo")
     datasets: list[tuple[str, list[FeatureBatch], TrainerSettings]] = []
     synthetic, _ = SyntheticCriteo(schema).generate(events)
-    base = TrainerSettings()
+    # each run's trainer.batch_size is the batch it learns (the family's factor rate scales with it)
+    synthetic_settings = TrainerSettings(batch_size=batch_size)
     datasets.append(
-        ("synthetic", _features(synthetic_records(synthetic, schema, bundle=batch_size, fmt="arrow"), "criteo"), base)
+        (
+            "synthetic",
+            _features(synthetic_records(synthetic, schema, bundle=batch_size, fmt="arrow"), "criteo"),
+            synthetic_settings,
+        )
     )
     files = criteo_files(criteo_dir)
     if files:
         real = _features(log_records(files, schema, bundle=REAL_BATCH, fmt="arrow"), "criteo")
-        datasets.append(("criteo", real, base))
+        datasets.append(("criteo", real, TrainerSettings(batch_size=REAL_BATCH)))
     plan = [(w, k, "replicated") for w in workers for k in ((1, 0) if w == 1 else (*ks, 0))]
     plan += [(w, 0, "sharded") for w in workers if w > 1]
     plan += [(w, 16, "sharded-2-nodes") for w in workers if w >= 4 and w % 2 == 0]
