@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from store.ram import RamTier
-from store.sparse_optim import SPARSE_OPTIMIZERS, SparseOptimConfig, sparse_step
+from store.sparse_optim import SPARSE_OPTIMIZERS, SparseOptimConfig, sparse_step, wide_columns
 from store.table import EmbeddingTable, TableConfig
 from stream.decode import event_from_mapping
 from stream.featurize import featurize
@@ -49,20 +49,17 @@ def test_each_event_is_scored_after_the_earlier_events_steps(name):
     lookup = table.lookup(ids)
     update = learn_wide(logits, Batch(labels, torch.zeros(4, 0), ids), lookup, cfg, (), step=3)
 
+    wide = wide_columns(2)  # the last column of [vector | state_a | state_b]: only it is this pass's
     rows = {int(i): lookup.rows[k : k + 1].clone() for k, i in enumerate(lookup.unique_ids)}
     start = {i: float(r[0, 1]) for i, r in rows.items()}
     for event, (a, b) in enumerate(ids):
         shift = sum(float(rows[i][0, 1]) - start[i] for i in (a, b))
         assert float(update.logit_shift[event]) == pytest.approx(shift, abs=1e-6)
         g = float(torch.sigmoid(logits[event] + shift)) - float(labels[event])
-        for i in (a, b):  # only the wide (last) column is this pass's
-            stepped = sparse_step(rows[i], torch.tensor([[0.0, g]]), 3, cfg)
-            rows[i] = torch.cat(
-                [rows[i][:, :1], stepped[:, 1:2], rows[i][:, 2:3], stepped[:, 3:4], rows[i][:, 4:5], stepped[:, 5:6]],
-                dim=1,
-            )
+        for i in (a, b):
+            rows[i][:, wide] = sparse_step(rows[i], torch.tensor([[0.0, g]]), 3, cfg)[:, wide]
     for k, i in enumerate(lookup.unique_ids):
-        torch.testing.assert_close(update.columns[k], rows[int(i)][0, [1, 3, 5]], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(update.columns[k], rows[int(i)][0, wide], atol=1e-6, rtol=1e-5)
     assert float(update.logit_shift[1]) != 0.0  # event 1 shares id 1 with event 0: its score moved
 
 
