@@ -46,7 +46,7 @@ def make_batches(seed: int, steps: int = 4, size: int = 32, vocab: int = 60, lis
 def settings(optimizer: str, sparse: str | None = None, per_event: bool = False, **store: object) -> TrainerSettings:
     """Dense `optimizer` ("adam" or "sgd"); the sparse one is `sparse`, else the same as the dense.
     per_event: the ids' wide weights learn event by event (optim.wide_per_event); off by default
-    here because the sharded path, which many of these tests compare with, steps them per batch."""
+    here, where the per-batch rule is pinned; the tests that compare with it turn it on."""
     lr = 0.05 if optimizer == "sgd" else 0.01
     optim = OptimSettings(
         optimizer=optimizer,
@@ -254,7 +254,8 @@ def test_sparse_merge_disjoint_overlapping_new_and_expired_rows():
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 @pytest.mark.parametrize(
-    ("method", "per_event"), [("learn_sync", False), ("learn_sync", True), ("learn_sharded", False)]
+    ("method", "per_event"),
+    [("learn_sync", False), ("learn_sync", True), ("learn_sharded", False), ("learn_sharded", True)],
 )
 def test_a_lone_synchronous_step_equals_a_local_step(optimizer, method, per_event):
     """Without a group every collective is the identity: learn_sync == learn, rows included (the

@@ -43,7 +43,7 @@ def rows_of(states: list[dict[str, np.ndarray]]) -> tuple[np.ndarray, np.ndarray
 
 
 # --- what each rank runs (module level: the processes are spawned) ---------------------------
-def sharded_vs_synchronous(sparse: str, lists: bool, idle_round: bool) -> tuple[dict, dict, int]:
+def sharded_vs_synchronous(sparse: str, lists: bool, idle_round: bool, per_event: bool) -> tuple[dict, dict, int]:
     import torch.distributed as dist
 
     schema = load_schema("criteo_tags" if lists else "criteo")
@@ -51,7 +51,7 @@ def sharded_vs_synchronous(sparse: str, lists: bool, idle_round: bool) -> tuple[
     batches: list = make_batches(seed=rank, steps=4, lists=lists)
     if idle_round and rank == 1:
         batches[2] = None  # a round where this rank has no batch: it still takes part
-    syncing, sharded = Trainer(schema, settings("adam", sparse)), Trainer(schema, settings("adam", sparse))
+    syncing, sharded = (Trainer(schema, settings("adam", sparse, per_event=per_event)) for _ in range(2))
     sent = 0
     for batch in batches:
         expected, _ = syncing.learn_sync(batch)
@@ -62,8 +62,8 @@ def sharded_vs_synchronous(sparse: str, lists: bool, idle_round: bool) -> tuple[
     return state(syncing), state(sharded), sent
 
 
-def same_batch_on_every_rank() -> dict:
-    trainer = Trainer(load_schema("criteo"), settings("adam", "ftrl"))
+def same_batch_on_every_rank(per_event: bool) -> dict:
+    trainer = Trainer(load_schema("criteo"), settings("adam", "ftrl", per_event=per_event))
     for batch in make_batches(seed=7, steps=5):
         trainer.learn_sharded(batch)
     return state(trainer)
@@ -153,10 +153,17 @@ def test_exchange_moves_parts_of_any_length_including_none():
 
 
 @pytest.mark.parametrize(
-    ("sparse", "lists", "idle_round"), [("ftrl", False, False), ("adam", False, True), ("adagrad", True, False)]
+    ("sparse", "lists", "idle_round", "per_event"),
+    [
+        ("ftrl", False, False, False),
+        ("adam", False, True, False),
+        ("adagrad", True, False, False),
+        ("ftrl", True, True, True),  # the wide part per event: its states travel with the rows and changes
+        ("adam", False, False, True),
+    ],
 )
-def test_sharded_ranks_equal_synchronous_replicas_on_the_same_batches(sparse, lists, idle_round):
-    results = launch_local(sharded_vs_synchronous, 2, sparse, lists, idle_round)
+def test_sharded_ranks_equal_synchronous_replicas_on_the_same_batches(sparse, lists, idle_round, per_event):
+    results = launch_local(sharded_vs_synchronous, 2, sparse, lists, idle_round, per_event)
     (sync0, shard0, sent0), (sync1, shard1, _) = results
     assert_states_close(without_rows(shard0), without_rows(sync0))
     assert_states_close(without_rows(shard1), without_rows(sync1))
@@ -171,9 +178,10 @@ def test_sharded_ranks_equal_synchronous_replicas_on_the_same_batches(sparse, li
     assert sent0 > 0
 
 
-def test_sharded_ranks_fed_the_same_batch_equal_one_process():
-    shard0, shard1 = launch_local(same_batch_on_every_rank, 2)
-    alone = Trainer(load_schema("criteo"), settings("adam", "ftrl"))
+@pytest.mark.parametrize("per_event", [False, True])
+def test_sharded_ranks_fed_the_same_batch_equal_one_process(per_event):
+    shard0, shard1 = launch_local(same_batch_on_every_rank, 2, per_event)
+    alone = Trainer(load_schema("criteo"), settings("adam", "ftrl", per_event=per_event))
     for batch in make_batches(seed=7, steps=5):
         alone.learn(batch)
     expected = state(alone)

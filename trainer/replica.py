@@ -23,7 +23,7 @@ from prometheus_client import Counter
 from store.hierarchy import HierarchyConfig, TieredStore
 from store.ram import RamTier
 from store.sparse_optim import SparseOptimConfig, row_width, wide_columns
-from store.table import EmbeddingTable, TableConfig
+from store.table import EmbeddingTable, Lookup, TableConfig
 from store.tier import Tier
 from store.topology import Topology
 from stream.featurize import shared_ids
@@ -59,6 +59,7 @@ from trainer.snapshot import (
     write_rows,
 )
 from trainer.step import StepResult, backward, predict, train_step
+from trainer.wide import WideUpdate
 
 STEPS = Counter("adstream_trainer_steps_total", "train steps")
 SAMPLES = Counter("adstream_trainer_samples_total", "events learned")
@@ -286,9 +287,7 @@ class Trainer:
             result, lookup, grad, wide = backward(
                 self.model, self.optimizer, self.table, batch.to(self.device), per_event, self.step
             )
-            if wide is not None:  # the wide columns' changes travel (and are averaged) with the gradients
-                change = wide.columns - lookup.rows[:, wide_columns(self.table.dim)]
-                grad = torch.cat([grad, change], dim=1)
+            grad = self._with_wide_changes(grad, lookup, wide)
             ids = lookup.unique_ids
             self.table.count_sightings(lookup)
             probs = result.probs
@@ -304,6 +303,13 @@ class Trainer:
             self._record(batch, probs, started)
         return probs, stats
 
+    def _with_wide_changes(self, grad: torch.Tensor, lookup: Lookup, wide: WideUpdate | None) -> torch.Tensor:
+        """Row gradients (u, dim) -> (u, dim + 3) with the wide columns' per-event changes, which
+        travel (and are averaged over the replicas) with them; unchanged without the per-event part."""
+        if wide is None:
+            return grad
+        return torch.cat([grad, wide.columns - lookup.rows[:, wide_columns(self.table.dim)]], dim=1)
+
     def learn_sharded(self, batch: Batch | None) -> tuple[np.ndarray | None, MergeStats]:
         """A synchronous step with the rows sharded over the node's ranks (trainer/shard.py: each rank
         stores and updates only the ids it owns, rows and gradients travel by all_to_all); equal
@@ -314,12 +320,16 @@ class Trainer:
         self._set_lr()
         self.optimizer.zero_grad(set_to_none=True)
         sent_before, probs = self.shards.bytes_sent, None
+        per_event = self.table_config.optim if self.shards.per_event else None
         if batch is not None:
-            result, _, grad, _ = backward(self.model, self.optimizer, self.shards, batch.to(self.device))
+            result, lookup, grad, wide = backward(
+                self.model, self.optimizer, self.shards, batch.to(self.device), per_event, self.step
+            )
+            grad = self._with_wide_changes(grad, lookup, wide)
             probs = result.probs
         else:
             self.shards.lookup(np.zeros(0, dtype=np.int64))
-            grad = torch.zeros((0, self.table.dim))
+            grad = torch.zeros((0, self.table.dim + (3 if per_event else 0)))
         comm_started = time.perf_counter()
         dense_bytes = average_grads(self.model, self.node_group) + average_buffers(self.model, self.node_group)
         self.optimizer.step()

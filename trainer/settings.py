@@ -68,8 +68,8 @@ class OptimSettings:
     sparse_lr: float = at_least(0, 0.0)
     wide_lr: float = at_least(0, 0.05)  # rate of the wide part: ids' first-order weights, bias, dense linear term
     # ids' first-order weights learn event by event inside each batch, as an online LR does
-    # (trainer/wide.py); false: one step per batch like the factors. Rows sharded within a node
-    # (shard_within_node) always step them per batch: their optimizer state stays with the owner
+    # (trainer/wide.py); false: one step per batch like the factors. Synchronous and sharded
+    # steps average the replicas' per-event changes of a row, as they average its gradients
     wide_per_event: bool = True
     sparse_l2: float = at_least(0, 0.0)  # L2 penalty on the rows a step touches
     initial_accumulator: float = at_least(0, 0.0)  # Adagrad / FTRL: start of each squared-gradient sum

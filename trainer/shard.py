@@ -8,7 +8,8 @@ step moves rows to where the batch is and gradients back to where the row lives:
   1. ids    each rank splits its batch's unique ids by owner and sends them there (all_to_all:
             the counts, then the ids);
   2. rows   each owner reads the ids it was sent from its own table (an unseen id: its initial
-            row) and sends their vectors back;
+            row) and sends their vectors back (with the wide part per event, trainer/wide.py,
+            also the wide column's two optimizer states, and step 4 carries its changes back);
   3. step   each rank scores and back-propagates its own batch with those vectors; the dense
             gradients are averaged over the ranks, as in synchronous data parallel;
   4. grads  each rank sends every row gradient back to the row's owner with a 1; the owner
@@ -34,6 +35,7 @@ import torch.distributed as dist
 
 from store.placement import shard_of
 from store.ram import RamTier
+from store.sparse_optim import wide_columns
 from store.table import EmbeddingTable, Lookup
 from trainer.errors import TrainerError
 from trainer.merge import Group, alone, comm_device
@@ -102,26 +104,47 @@ class ShardedTable:
         if not held.all():
             fresh = np.nonzero(~held)[0]
             rows[torch.from_numpy(fresh)] = self.local.fresh_rows(wanted[fresh])
-        answers, sent_back = exchange(list(rows[:, : self.dim].split([len(s) for s in served])), self.group)
+        # the vectors, and with the wide part per event (trainer/wide.py) the wide column's two
+        # optimizer states, which that pass steps from
+        answer = rows[:, self._answer_columns()]
+        answers, sent_back = exchange(list(answer.split([len(s) for s in served])), self.group)
         self.bytes_sent += sent + sent_back
-        vectors = torch.zeros((len(unique), self.dim))
-        vectors[torch.from_numpy(order)] = torch.cat(answers) if answers else vectors[:0]
+        got = torch.zeros((len(unique), answer.shape[1]))
+        got[torch.from_numpy(order)] = torch.cat(answers) if answers else got[:0]
+        vectors = got[:, : self.dim]
+        # the rows themselves stay with their owners (step 4 updates them there); what a step reads
+        # of them: the vectors, plus the wide column's states when it learns per event (zeros elsewhere)
+        held_rows = vectors
+        if self.per_event:
+            held_rows = torch.zeros((len(unique), 3 * self.dim))
+            held_rows[:, : self.dim] = vectors
+            held_rows[:, wide_columns(self.dim)[1:]] = got[:, self.dim :]
         self.route = Route(order, counts, served)
         counts_per_id = torch.from_numpy(np.bincount(inverse.reshape(-1), minlength=len(unique)))
         return Lookup(
             unique_ids=unique,
             inverse=torch.from_numpy(inverse.reshape(-1)).to(device),
             vectors=vectors.to(device),
-            rows=vectors,  # the rows themselves stay with their owners (step 4 updates them there)
+            rows=held_rows.to(device),
             counts=counts_per_id,
             waiting=np.zeros(0, np.int64),
             new=0,
         )
 
+    @property
+    def per_event(self) -> bool:
+        """Whether the ids' wide weights learn event by event (their changes then travel with the gradients)."""
+        return self.local.config.optim.wide_per_event
+
+    def _answer_columns(self) -> list[int]:
+        """The columns of a row an owner sends back: the vector, and the wide column's two states."""
+        return list(range(self.dim)) + (wide_columns(self.dim)[1:] if self.per_event else [])
+
     def apply_grads(self, grad: torch.Tensor, step: int) -> int:
         """Step 4: grad (u, dim), the row gradients of the last lookup's unique ids, go to their
         owners; each owner averages a row's over the ranks that sent one and takes one optimizer
-        step on it. Collective. Returns the rows this rank updated."""
+        step on it. grad (u, dim + 3) also carries the wide column's per-event changes, averaged
+        and added the same way (EmbeddingTable.apply_grad). Collective. Returns the rows this rank updated."""
         route = self.route
         if route is None:
             raise TrainerError("ShardedTable.apply_grads: no lookup to apply gradients to; call lookup first")
@@ -134,7 +157,8 @@ class ShardedTable:
         if not len(ids):
             return 0
         union, where = np.unique(ids, return_inverse=True)
-        summed = torch.zeros((len(union), self.dim + 1)).index_add_(0, torch.from_numpy(where), torch.cat(received))
+        summed = torch.zeros((len(union), grad.shape[1] + 1))
+        summed.index_add_(0, torch.from_numpy(where), torch.cat(received))
         self.local.apply_grad(union, summed[:, :-1] / summed[:, -1:], step)
         self.local.mark_touched(union)  # what a k-step merge between nodes averages
         return len(union)
