@@ -18,7 +18,7 @@ Unseen ids, one rule for the trainer and for serving (`unseen_vectors`):
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -53,6 +53,15 @@ class TableConfig:
         data = dict(data)
         data["optim"] = SparseOptimConfig(**data.get("optim", {}))
         return cls(**data)
+
+    def holds_rows_of(self, other: TableConfig) -> bool:
+        """Whether rows written under `other` mean the same here: the width, the initializer, the
+        admission settings and the optimizer whose state the rows hold. Its rates and switches
+        (learning rates, L2, clipping, wide_per_event) may change between runs, as they do when a
+        job is resumed with new settings."""
+        return replace(self, optim=SparseOptimConfig(self.optim.name)) == replace(
+            other, optim=SparseOptimConfig(other.optim.name)
+        )
 
 
 @dataclass(frozen=True, eq=False)

@@ -105,3 +105,20 @@ def test_a_truncated_publication_is_refused_with_a_clear_error(schema, tmp_path)
     embeddings.write_bytes(embeddings.read_bytes()[: embeddings.stat().st_size // 2])
     with pytest.raises(SnapshotError, match="embeddings.safetensors is unreadable"):
         load_served_model(publication, "2", schema)
+
+
+def test_a_snapshot_resumes_under_new_rates_but_not_under_another_row_layout(schema, tmp_path):
+    """Rates and switches may change between runs (a job resumed with a lower rate, or a snapshot
+    from before the wide part learned per event); rows of another width or optimizer may not."""
+    from dataclasses import replace
+
+    trainer = trained_trainer(schema, 2)
+    path = trainer.save(tmp_path)
+    config = trainer.table_config
+    retuned = replace(config, optim=replace(config.optim, lr=0.01, wide_lr=0.2, wide_per_event=False, l2=1e-4))
+    table = EmbeddingTable(RamTier(3 * config.dim, 1 << 26), retuned)
+    load_snapshot(path, table)
+    np.testing.assert_array_equal(table.export()[0], trainer.table.export()[0])
+    for other in (replace(config, optim=replace(config.optim, name="adagrad")), replace(config, seed=9)):
+        with pytest.raises(SnapshotError, match="cannot read"):
+            load_snapshot(path, EmbeddingTable(RamTier(3 * config.dim, 1 << 26), other))

@@ -225,8 +225,12 @@ def load_snapshot(
     """Read a snapshot into a fresh model and into `table` (whose tier should be empty); with
     `keep` (ids (n,) -> bool (n,)), only the rows it keeps (a shard's)."""
     manifest = read_manifest(path)
-    if TableConfig.from_dict(manifest.table) != table.config:  # type: ignore[arg-type]
-        raise SnapshotError(f"snapshot {path}: table config {manifest.table} differs from {table.config}")
+    if not table.config.holds_rows_of(TableConfig.from_dict(manifest.table)):  # type: ignore[arg-type]
+        raise SnapshotError(
+            f"snapshot {path}: its rows were written under table config {manifest.table}, which this "
+            f"trainer's {table.config} cannot read (width, initializer, admission or sparse optimizer "
+            "differ); resume with the settings it was taken with, or start from an empty snapshot folder"
+        )
     for emb in read_rows_files(path):  # file by file: with `keep`, only a share is ever held
         ids = emb["ids"].numpy().astype(np.int64)
         rows = join_rows(emb["vectors"], emb["exp_avg"], emb["exp_avg_sq"])
