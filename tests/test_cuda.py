@@ -33,7 +33,7 @@ def on(device: str, sparse: str, store: str, path: str) -> TrainerSettings:
     """Dense Adam, `sparse` rows; the tiered store holds 1,000 rows in HBM and 600 in RAM while the
     batches touch ~2,200 ids, so rows go down to RocksDB and come back every step."""
     tiered = {"kind": "tiered", "device_bytes": 100_000, "ram_bytes": 60_000, "path": path} if store == "tiered" else {}
-    return replace(settings("adam", sparse, **tiered), device=device)
+    return replace(settings("adam", sparse, per_event=True, **tiered), device=device)  # the default learner
 
 
 @pytest.mark.parametrize("store", ["ram", "tiered"])

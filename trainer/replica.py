@@ -279,10 +279,8 @@ class Trainer:
         self.step += 1
         self._set_lr()
         self.optimizer.zero_grad(set_to_none=True)
-        optim = self.table_config.optim
-        per_event = optim if optim.wide_per_event else None
-        width = self.table.dim + (3 if per_event else 0)
-        ids, grad, probs = np.zeros(0, dtype=np.int64), torch.zeros((0, width)), None
+        per_event = self._wide_optim()
+        ids, grad, probs = np.zeros(0, dtype=np.int64), self._no_row_grads(), None
         if batch is not None:
             result, lookup, grad, wide = backward(
                 self.model, self.optimizer, self.table, batch.to(self.device), per_event, self.step
@@ -303,6 +301,15 @@ class Trainer:
             self._record(batch, probs, started)
         return probs, stats
 
+    def _wide_optim(self) -> SparseOptimConfig | None:
+        """The rows' optimizer when the ids' wide weights learn per event (backward's wide_optim), else None."""
+        optim = self.table_config.optim
+        return optim if optim.wide_per_event else None
+
+    def _no_row_grads(self) -> torch.Tensor:
+        """A replica's row gradients in a round without a batch: (0, dim), or (0, dim + 3) with the wide changes."""
+        return torch.zeros((0, self.table.dim + (3 if self._wide_optim() else 0)))
+
     def _with_wide_changes(self, grad: torch.Tensor, lookup: Lookup, wide: WideUpdate | None) -> torch.Tensor:
         """Row gradients (u, dim) -> (u, dim + 3) with the wide columns' per-event changes, which
         travel (and are averaged over the replicas) with them; unchanged without the per-event part."""
@@ -320,7 +327,7 @@ class Trainer:
         self._set_lr()
         self.optimizer.zero_grad(set_to_none=True)
         sent_before, probs = self.shards.bytes_sent, None
-        per_event = self.table_config.optim if self.shards.per_event else None
+        per_event = self._wide_optim()
         if batch is not None:
             result, lookup, grad, wide = backward(
                 self.model, self.optimizer, self.shards, batch.to(self.device), per_event, self.step
@@ -329,7 +336,7 @@ class Trainer:
             probs = result.probs
         else:
             self.shards.lookup(np.zeros(0, dtype=np.int64))
-            grad = torch.zeros((0, self.table.dim + (3 if per_event else 0)))
+            grad = self._no_row_grads()
         comm_started = time.perf_counter()
         dense_bytes = average_grads(self.model, self.node_group) + average_buffers(self.model, self.node_group)
         self.optimizer.step()
