@@ -9,6 +9,13 @@ first, then the timed rest. Two ratios answer the questions this benchmark exist
   - `device_vs_cpu[batch]`: the device's events/s over the CPU's at that batch.
 `ms_per_step` is wall time per step; on CUDA each step ends in a sync (the step's predictions
 come back to the host), so it is the step's whole time.
+
+Beside each run, the network alone: forward, loss and backward of the same model on random
+inputs of the batch's shapes (no lookup, no optimizer, no row update), `network_ms_per_step`. It
+is the part of a step no trainer code can shave on that device, so `batch_speedup_ceiling` (the
+largest batch's events/s if its step were only its network, over the smallest batch's measured
+events/s) says whether a speed-up target is reachable there at all: on a compute-bound CPU the
+DCN's cross layers alone can hold the large batch below 3x.
 """
 
 from __future__ import annotations
@@ -21,12 +28,14 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from rich.progress import Progress
 
 from bench.accuracy import synthetic_stream
 from stream.records import FeatureBatch
 from stream.schema import Schema
 from trainer.batch import batch_from_features
+from trainer.model import CtrModel
 from trainer.replica import Trainer
 from trainer.settings import TrainerSettings
 
@@ -49,6 +58,7 @@ def time_steps(schema: Schema, settings: TrainerSettings, features: FeatureBatch
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     events = sum(len(part) for part in timed)
+    network_ms = time_network(trainer.model, batch, settings.device, repeats=max(3, min(len(timed), 20)))
     if settings.store.kind == "tiered":
         trainer.table.tier.close()  # type: ignore[attr-defined] # its RocksDB, before the next run opens one
     return {
@@ -59,7 +69,35 @@ def time_steps(schema: Schema, settings: TrainerSettings, features: FeatureBatch
         "seconds": seconds,
         "events_per_s": events / seconds if seconds else 0.0,
         "ms_per_step": 1000 * seconds / max(len(timed), 1),
+        "network_ms_per_step": network_ms,
     }
+
+
+def time_network(model: CtrModel, batch: int, device: str, repeats: int) -> float:
+    """Milliseconds of one forward + loss + backward of `model` alone on a batch of random inputs:
+    rows (batch, F, E + 1) that want gradients (a step's rows do), dense (batch, D), labels (batch,)."""
+    config = model.config
+    generator = torch.Generator().manual_seed(0)
+    rows = (0.01 * torch.randn(batch, config.num_fields, config.row_dim, generator=generator)).to(device)
+    dense = torch.randn(batch, config.num_dense, generator=generator).to(device)
+    labels = (torch.rand(batch, generator=generator) < 0.25).float().to(device)
+    rows.requires_grad_(True)
+    model.train()
+
+    def once() -> None:
+        model.zero_grad(set_to_none=True)
+        rows.grad = None
+        F.binary_cross_entropy_with_logits(model(rows, dense), labels).backward()
+
+    once()  # allocations and kernels' first calls, untimed
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        once()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()  # the backward kernels are queued, not done, when backward() returns
+    return 1000 * (time.perf_counter() - start) / repeats
 
 
 def run_step_bench(
@@ -96,6 +134,10 @@ def run_step_bench(
     speed = {(r["device"], r["batch"]): r["events_per_s"] for r in result["runs"]}
     low, high = min(batch_sizes), max(batch_sizes)
     result["batch_speedup"] = {name: speed[name, high] / speed[name, low] for name in devices}
+    network = {(r["device"], r["batch"]): r["network_ms_per_step"] for r in result["runs"]}
+    result["batch_speedup_ceiling"] = {
+        name: 1000 * high / network[name, high] / speed[name, low] if network[name, high] else 0.0 for name in devices
+    }
     if device != "cpu":
         result["device_vs_cpu"] = {str(batch): speed[device, batch] / speed["cpu", batch] for batch in batch_sizes}
     return result

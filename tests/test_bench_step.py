@@ -20,6 +20,12 @@ def test_bench_step_times_each_batch_size_over_the_same_events(schema):
             run["events"] / run["seconds"]
         )
     assert result["batch_speedup"]["cpu"] == pytest.approx(runs[600]["events_per_s"] / runs[50]["events_per_s"])
+    # the network alone is timed beside each run: a share of the step, never all of it (the step also
+    # looks rows up and updates them), and the ceiling is the large batch at that pace over the small
+    assert all(0 < run["network_ms_per_step"] < run["ms_per_step"] for run in runs.values())
+    assert result["batch_speedup_ceiling"]["cpu"] == pytest.approx(
+        600_000 / runs[600]["network_ms_per_step"] / runs[50]["events_per_s"]
+    )
     assert "device_vs_cpu" not in result and result["gpu"] is None  # the CPU alone: nothing to compare with
 
 
