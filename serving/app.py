@@ -79,9 +79,13 @@ def registry_fetch(tracking_uri: str, model_name: str, settings: ServingSettings
     """Follow the alias: a new version is downloaded and loaded whole; while it stays, its deltas
     are applied in order. A refused version or delta is not downloaded again: the model stays
     until the alias moves to the next base. A delta whose download fails (the registry or the
-    network for a moment) is tried again at the next polls, DELTA_DOWNLOAD_TRIES in all."""
+    network for a moment) is tried again at the next polls, DELTA_DOWNLOAD_TRIES in all. A failure met
+    after a newer model was already in hand (a broken delta behind a new base or a good delta) does
+    not hold that model back: it is returned, and the failure is raised at the next poll, so every
+    refusal is logged and counted."""
     refused: set[str] = set()  # versions that failed to load
     stuck: set[str] = set()  # versions whose next delta was refused (a gap or a broken delta)
+    unreported: list[Exception] = []  # a failure met after a newer model was in hand: raised at the next poll
     failed_downloads: dict[tuple[str, int], int] = {}  # (version, sequence) -> failed download attempts
     loaded: list[ServedModel] = []  # the bases loaded, newest last: older ones are dropped from disk
 
@@ -95,6 +99,8 @@ def registry_fetch(tracking_uri: str, model_name: str, settings: ServingSettings
             shutil.rmtree(Path(settings.cache_dir) / model_name / old.version, ignore_errors=True)
 
     def fetch(current: ServedModel | None) -> ServedModel | None:
+        if unreported:  # the last poll served what did apply and kept this back: report it now
+            raise unreported.pop()
         ref = resolve(tracking_uri, model_name, settings.alias)
         if ref is None or ref.version in refused:
             return None
@@ -120,21 +126,23 @@ def registry_fetch(tracking_uri: str, model_name: str, settings: ServingSettings
                 continue
             try:
                 path = download_delta(tracking_uri, ref, sequence, settings.cache_dir)
-            except Exception:  # transient until it has failed DELTA_DOWNLOAD_TRIES polls
+            except Exception as exc:  # transient until it has failed DELTA_DOWNLOAD_TRIES polls
                 key = (ref.version, sequence)
                 failed_downloads[key] = failed_downloads.get(key, 0) + 1
                 if failed_downloads[key] >= DELTA_DOWNLOAD_TRIES:
                     stuck.add(ref.version)
                 if fresh is not None:
+                    unreported.append(exc)
                     return fresh
                 raise
             if path is None:  # still uploading: next poll
                 break
             try:
                 fresh = current = apply_delta(current, path)
-            except Exception:  # refused (a gap, another base, an unreadable file): wait for the next base
+            except Exception as exc:  # refused (a gap, another base, an unreadable file): wait for the next base
                 stuck.add(ref.version)
-                if fresh is not None:  # serve what did apply; the refusal is reported at the next poll
+                if fresh is not None:  # serve what did apply; the refusal is raised at the next poll
+                    unreported.append(exc)
                     return fresh
                 raise
         return fresh

@@ -3,22 +3,27 @@
 adstream.events --take_events(n, within)--> featurize_records --> adstream.batches (Arrow IPC)
                                                               \--> adstream.events.dlq (reason header)
 Records are read as raw bytes (one event or a newline-separated bundle); the agent never raises
-on input, so one bad event cannot stop it.
+on input, so one bad event cannot stop it. Every output is sized to fit the message limit before it
+is sent (outputs.py), and a take is acknowledged only once all its outputs are on the broker.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 from dataclasses import replace
 from pathlib import Path
+from typing import NoReturn
 
 import faust
 from prometheus_client import Counter, start_http_server
 
-from stream.batch_codec import encode_batch
 from stream.faust_hot_path import QuietMonitor
 from stream.featurize import featurize_isolating
+from stream.outputs import BATCHES, DLQ, Output, plan_outputs
 from stream.records import RawRecord
+from stream.retry import is_transient
 from stream.schema import load_schema
 from stream.settings import KafkaSettings, StreamSettings
 
@@ -26,7 +31,8 @@ log = logging.getLogger("adstream.stream")
 FAUST_DIR = ".state/faust"
 EVENTS = Counter("adstream_stream_events_total", "events featurized into batches")
 REJECTED = Counter("adstream_stream_rejected_total", "events sent to the dead-letter topic")
-BATCHES = Counter("adstream_stream_batches_total", "Arrow batches written")
+BATCHES_WRITTEN = Counter("adstream_stream_batches_total", "Arrow batches written")
+EXIT_CANNOT_WRITE = 70  # the worker's exit status when an output cannot be written (EX_SOFTWARE)
 
 
 def build_app(kafka: KafkaSettings, settings: StreamSettings) -> faust.App:
@@ -53,26 +59,78 @@ def build_app(kafka: KafkaSettings, settings: StreamSettings) -> faust.App:
     events_topic = app.topic(kafka.events_topic, **raw)  # type: ignore[arg-type]
     batches_topic = app.topic(kafka.batches_topic, **raw)  # type: ignore[arg-type]
     dlq_topic = app.topic(kafka.dlq_topic, **raw)  # type: ignore[arg-type]
+    topics = {BATCHES: batches_topic, DLQ: dlq_topic}
 
     @app.agent(events_topic)
     async def featurize_agent(stream: faust.StreamT) -> None:
         async for events in stream.take_events(  # type: ignore[attr-defined]
             settings.take_records, within=settings.batch_within_s
         ):
-            records = [RawRecord(e.message.partition, e.message.offset, e.value or b"") for e in events]
-            batch, rejected = featurize_isolating(records, schema)  # a crash costs only its own record
-            encoded = [(part, encode_batch(part)) for part in batch.split(settings.batch_events)]
-            for bad in rejected:
-                source = f"{bad.partition}:{bad.offset}".encode()
-                headers = {"reason": bad.reason.encode(), "stage": b"stream", "source": source}
-                await dlq_topic.send(value=bad.value, headers=headers)
-            REJECTED.inc(len(rejected))
-            for part, value in encoded:  # bundles can hold many events: batches of at most batch_events
-                await batches_topic.send(key=part.event_ids[0].encode(), value=value)
-                EVENTS.inc(len(part))
-                BATCHES.inc()
+            # Faust acknowledges the take when this body returns, and also when it raises: so it
+            # never raises, and it returns only once every output is on the broker
+            try:
+                records = [RawRecord(e.message.partition, e.message.offset, e.value or b"") for e in events]
+                batch, rejected = featurize_isolating(records, schema)  # a crash costs only its own record
+                outputs = plan_outputs(batch, rejected, settings.batch_events, kafka.max_message_bytes)
+                await deliver(outputs, topics)
+            except Exception:  # a bug, or a write Kafka refuses for good: stop before anything is acknowledged
+                give_up(f"featurizing the records at {_where(events)}")
+            letters = sum(o.topic == DLQ for o in outputs)
+            REJECTED.inc(letters)
+            EVENTS.inc(sum(o.events for o in outputs))
+            BATCHES_WRITTEN.inc(len(outputs) - letters)
 
     return app
+
+
+async def deliver(outputs: list[Output], topics: dict[str, faust.TopicT]) -> None:
+    """Write every output and wait until the broker has each one. A transient error (the broker
+    away, a delivery timed out) sends the failed ones again with backoff, for as long as it takes
+    (logged once; duplicates are possible, losses are not); any other error is raised."""
+    pending, backoff, failures = outputs, 0.5, 0
+    while pending:
+        results: list[object] = []
+        for output in pending:
+            try:
+                results.append(
+                    await topics[output.topic].send(key=output.key, value=output.value, headers=output.headers)
+                )
+            except Exception as exc:  # refused before sending (a full buffer, no metadata yet)
+                results.append(exc)
+        delivered = await asyncio.gather(
+            *(r for r in results if not isinstance(r, BaseException)), return_exceptions=True
+        )
+        outcomes = iter(delivered)
+        errors = [r if isinstance(r, BaseException) else next(outcomes) for r in results]
+        failed = [(o, e) for o, e in zip(pending, errors) if isinstance(e, BaseException)]
+        for _, error in failed:
+            if not is_transient(error):
+                raise error
+        if failed and failures == 0:
+            log.warning("kafka: %d record(s) not written yet (%s); retrying until they are", len(failed), failed[0][1])
+        if failed:
+            failures += 1
+            await asyncio.sleep(backoff)
+            backoff = min(2 * backoff, 10.0)
+        elif failures:
+            log.warning("kafka: written after %d retries", failures)
+        pending = [o for o, _ in failed]
+
+
+def give_up(what: str) -> NoReturn:
+    """Exit the worker at once, without acknowledging the take in hand: Faust would acknowledge it
+    on any way out of the agent (a raise included), and its records would then be lost. A
+    restarted worker reads them again."""
+    log.critical("%s failed; exiting so that nothing unwritten is acknowledged", what, exc_info=True)
+    logging.shutdown()
+    os._exit(EXIT_CANNOT_WRITE)
+
+
+def _where(events: list) -> str:
+    if not events:
+        return "nowhere"
+    first, last = events[0].message, events[-1].message
+    return f"{first.topic} {first.partition}:{first.offset}..{last.partition}:{last.offset}"
 
 
 def run_worker(kafka: KafkaSettings, settings: StreamSettings, loglevel: str = "warning") -> None:

@@ -291,7 +291,8 @@ def check_table(
             return rules.reason(name, f"{rules.MISSING_FIELD} (no such column in the Arrow bundle)")
     n = table.num_rows
     numbers = {}
-    for name, kind in [(schema.timestamp, "int"), (schema.label, "int")] + [(f, "int") for f in schema.integer_fields]:
+    # the label may come as integers or floats (1.0, -0.0), as JSON allows: its rule checks the values
+    for name, kind in [(schema.timestamp, "int"), (schema.label, "float")] + [(f, "int") for f in schema.integer_fields]:
         numbers[name] = _number_column(table, name, kind)
     for name in schema.float_fields:
         numbers[name] = _number_column(table, name, "float")
@@ -319,13 +320,18 @@ def check_table(
             reasons.flag(text_mask, rules.reason(name, text_rule))
         reasons.flag(mask, rules.reason(name, rule))
 
-    event_ids = ids_col.cast(pa.string()).to_pylist()
+    id_strings = ids_col.cast(pa.string())
+    event_ids = id_strings.to_pylist()
     flag(schema.event_id, np.array([not e for e in event_ids], dtype=bool), rules.EVENT_ID)
+    id_lengths = pc.fill_null(pc.utf8_length(id_strings), 0).to_numpy(zero_copy_only=False)
+    reasons.flag(rules.long_event_ids(id_lengths), rules.reason(schema.event_id, rules.EVENT_ID_LONG))
     ts, ts_null = parsed[schema.timestamp]
     flag(schema.timestamp, rules.bad_timestamps(ts, ts_null), rules.TIMESTAMP)
-    label, label_null = parsed[schema.label]
+    label_values, label_null = parsed[schema.label]
     flag(schema.label, label_null, rules.LABEL_MISSING)
-    reasons.flag(rules.bad_labels(label), rules.reason(schema.label, rules.LABEL))
+    bad_label = rules.bad_labels(label_values)
+    reasons.flag(bad_label, rules.reason(schema.label, rules.LABEL))
+    label = np.where(bad_label, 0, label_values).astype(np.int64)
     for name in schema.integer_fields:
         values, null = parsed[name]
         flag(name, ~null & rules.integers_out_of_range(values), rules.INTEGER_RANGE)
@@ -361,8 +367,8 @@ def featurize_arrow_bundle(record: RawRecord, schema: Schema) -> tuple[FeatureBa
     """One Arrow bundle -> its good rows featurized + a Rejected per bad row (or one for a bad bundle)."""
     try:
         table = pa.ipc.open_stream(pa.py_buffer(record.value)).read_all()
-    except pa.ArrowInvalid as exc:
-        return _whole(record, schema, f"record: not a readable Arrow bundle ({exc})")
+    except (pa.ArrowException, OSError, ValueError) as exc:  # a truncated stream raises OSError, not ArrowInvalid
+        return _whole(record, schema, f"record: not a readable Arrow bundle ({str(exc)[:200]})")
     checked = check_table(table, schema)
     if isinstance(checked, str):
         return _whole(record, schema, checked)

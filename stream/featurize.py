@@ -191,19 +191,25 @@ def featurize_records(records: Sequence[RawRecord], schema: Schema) -> tuple[Fea
             parts.append(batch)
             rejected.extend(bad)
             continue
-        empty = True
+        seen, unparsed = 0, []  # (line number, line, error) of the lines that are not JSON objects
         for line in split_bundle(record.value):
-            empty = False
+            seen += 1
             try:
-                objs.append(parse_json(line))
+                obj = parse_json(line)
             except DecodeError as exc:
-                rejected.append(Rejected(record.partition, record.offset, line, str(exc)))
+                unparsed.append((seen, line, exc))
                 continue
+            if not isinstance(obj, dict):  # JSON, but not an event: garbage lines can read as numbers
+                unparsed.append((seen, line, DecodeError("", f"expected a JSON object, got {type(obj).__name__}")))
+                continue
+            objs.append(obj)
             lines.append(line)
             partitions.append(record.partition)
             offsets.append(record.offset)
-        if empty:
+        if not seen:
             rejected.append(Rejected(record.partition, record.offset, record.value, "record: empty"))
+        elif unparsed:
+            rejected.append(unparsed_lines(record, seen, unparsed))
     if objs:
         batch, bad = featurize_json_events(objs, lines, partitions, offsets, schema)
         parts.insert(0, batch)
@@ -211,6 +217,18 @@ def featurize_records(records: Sequence[RawRecord], schema: Schema) -> tuple[Fea
     if not parts:
         return FeatureBatch.empty(schema.num_dense, schema.num_sparse, schema.hash, len(schema.list_fields)), rejected
     return FeatureBatch.concat(parts), rejected
+
+
+def unparsed_lines(record: RawRecord, lines: int, unparsed: list[tuple[int, bytes, Exception]]) -> Rejected:
+    """The lines of one record that are not JSON objects, as one dead letter: a megabyte of garbage is one
+    entry a user can act on, not thousands (the record itself when no line parsed)."""
+    if len(unparsed) == 1:
+        _, line, exc = unparsed[0]
+        return Rejected(record.partition, record.offset, line, str(exc))
+    first_line, _, first_exc = unparsed[0]
+    value = record.value if len(unparsed) == lines else b"\n".join(line for _, line, _ in unparsed)
+    reason = f"record: {len(unparsed)} of {lines} lines are not JSON objects (first, line {first_line}: {first_exc})"
+    return Rejected(record.partition, record.offset, value, reason)
 
 
 def featurize_isolating(records: Sequence[RawRecord], schema: Schema) -> tuple[FeatureBatch, list[Rejected]]:

@@ -16,15 +16,17 @@ import numpy as np
 
 INT_BOUND = 1 << 62  # integer features: |v| < 2^62, so they survive int64 math and JSON exactly
 MAX_CATEGORY_CHARS = 256  # longest category string
+MAX_EVENT_ID_CHARS = 256  # longest event id: ids travel in batch keys, DLQ copies and responses
 HEX32 = "[0-9a-fA-F]{1,8}"  # a hex32 category: up to 8 hex digits (Criteo's are 8)
 HEX32_RE = re.compile(HEX32)
 
 # the rules' texts: the reason is f"{field}: {rule}"
 MISSING_FIELD = "missing field"
 EVENT_ID = "must be a non-empty string or an integer"
+EVENT_ID_LONG = f"longer than {MAX_EVENT_ID_CHARS} characters"
 TIMESTAMP = "must be a non-negative integer (ms) below 2^62"
 LABEL_MISSING = "missing; a training event needs a 0/1 label"
-LABEL = "must be 0 or 1"
+LABEL = "must be 0 or 1"  # 0.0, 1.0 and -0.0 are 0 and 1 too, on every path (JSON and Arrow)
 INTEGER = "must be an integer or null"
 INTEGER_RANGE = "integer out of range (|v| < 2^62)"
 FLOAT = "must be a finite number or null"
@@ -43,7 +45,9 @@ def reason(field: str, rule: str) -> str:
 # --- one value (JSON events, log lines): the rule broken, or None ---------------------------
 def check_event_id(value: object) -> str | None:
     ok = (isinstance(value, str) and value != "") or (isinstance(value, int) and not isinstance(value, bool))
-    return None if ok else EVENT_ID
+    if not ok:
+        return EVENT_ID
+    return EVENT_ID_LONG if isinstance(value, str) and len(value) > MAX_EVENT_ID_CHARS else None
 
 
 def check_timestamp(value: object) -> str | None:
@@ -101,7 +105,13 @@ def bad_timestamps(ts: np.ndarray, null: np.ndarray) -> np.ndarray:
 
 
 def bad_labels(labels: np.ndarray) -> np.ndarray:
+    """int64 or float64 (n,) -> bool (n,): neither 0 nor 1 (NaN is bad; -0.0 == 0)."""
     return (labels != 0) & (labels != 1)
+
+
+def long_event_ids(lengths: np.ndarray) -> np.ndarray:
+    """Characters per event id (n,) -> bool (n,): over MAX_EVENT_ID_CHARS."""
+    return lengths > MAX_EVENT_ID_CHARS
 
 
 def integers_out_of_range(values: np.ndarray) -> np.ndarray:

@@ -18,11 +18,13 @@ from pathlib import Path
 from stream.batch_codec import decode_batch
 from stream.errors import StreamError
 from stream.records import FeatureBatch
+from stream.retry import retrying
 from stream.settings import KafkaSettings
 from trainer.batch import Batch, batch_from_features
 from trainer.errors import TrainerError
 
 log = logging.getLogger("adstream.trainer")
+COMMIT_GIVE_UP_S = 60.0  # how long a refused offset commit is retried before it is left to the next snapshot
 
 
 def partitions_of(rank: int, world: int, partitions: int) -> list[int]:
@@ -83,21 +85,15 @@ class BatchSource:
         is still electing the group's coordinator (NOT_COORDINATOR right after a group is new)."""
         from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                tps = self.consumer.committed(
-                    [TopicPartition(self.kafka.batches_topic, p) for p in partitions], timeout=10
-                )
-                return {tp.partition: tp.offset if tp.offset >= 0 else OFFSET_BEGINNING for tp in tps}
-            except KafkaException as exc:
-                if time.monotonic() > deadline:
-                    raise TrainerError(
-                        f"kafka at {self.kafka.bootstrap}: committed offsets of {self.kafka.batches_topic} "
-                        f"unavailable after {timeout_s:.0f}s ({exc})"
-                    ) from None
-                log.warning("committed offsets not available yet (%s); retrying", exc)
-                time.sleep(0.5)
+        wanted = [TopicPartition(self.kafka.batches_topic, p) for p in partitions]
+        try:
+            tps = retrying(lambda: self.consumer.committed(wanted, timeout=10), "committed offsets", log, timeout_s)
+        except KafkaException as exc:
+            raise TrainerError(
+                f"kafka at {self.kafka.bootstrap}: committed offsets of {self.kafka.batches_topic} "
+                f"unavailable ({exc}); is the broker up (`adstream up`)?"
+            ) from None
+        return {tp.partition: tp.offset if tp.offset >= 0 else OFFSET_BEGINNING for tp in tps}
 
     def batches(self, batch_size: int, idle_s: float = 1.0, first_wait_s: float = 30.0) -> Iterator[Batch | None]:
         """Yield training batches of >= batch_size events (or fewer after idle_s without data);
@@ -144,14 +140,31 @@ class BatchSource:
                     yield None
                 last_data = time.monotonic()
 
-    def commit(self, offsets: dict[int, int]) -> None:
-        """Commit this replica's share of `offsets` (partition -> next offset) to the group."""
-        from confluent_kafka import TopicPartition
+    def commit(self, offsets: dict[int, int], give_up_s: float = COMMIT_GIVE_UP_S) -> bool:
+        """Commit this replica's share of `offsets` (partition -> next offset) to the group; True
+        once committed. Never fatal: the snapshot just written holds these offsets and is what a
+        restart resumes from, so a commit the broker refuses (a coordinator moving after a broker
+        restart: NOT_COORDINATOR) is retried with backoff for give_up_s, then logged and left to
+        the next snapshot's commit."""
+        from confluent_kafka import KafkaException, TopicPartition
 
         mine = {p: o for p, o in offsets.items() if p in self.partitions}
-        if mine:
-            tps = [TopicPartition(self.kafka.batches_topic, p, o) for p, o in mine.items()]
-            self.consumer.commit(offsets=tps, asynchronous=False)
+        if not mine:
+            return True
+        tps = [TopicPartition(self.kafka.batches_topic, p, o) for p, o in mine.items()]
+        try:
+            retrying(lambda: self.consumer.commit(offsets=tps, asynchronous=False), "commit", log, give_up_s)
+        except KafkaException as exc:
+            log.error(
+                "kafka at %s: offsets %s of %s not committed (%s); the snapshot holds them, the next snapshot "
+                "commits again",
+                self.kafka.bootstrap,
+                mine,
+                self.kafka.batches_topic,
+                exc,
+            )
+            return False
+        return True
 
     def close(self) -> None:
         self.consumer.close()

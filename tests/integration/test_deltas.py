@@ -6,6 +6,7 @@ upload is unfinished is invisible."""
 from __future__ import annotations
 
 import shutil
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -147,3 +148,43 @@ def test_a_delta_whose_download_fails_is_tried_again_and_only_then_sticks(isolat
     np.testing.assert_allclose(
         predict_events(newest, probe_events(schema), schema), trainer_predictions(trainer, schema), rtol=1e-5, atol=1e-6
     )
+
+
+def test_a_broken_delta_behind_a_good_one_or_a_new_base_is_reported_never_silent(isolated: Config, tmp_path: Path):
+    """A serving start fetches the base and its deltas in one poll; a broken delta behind a good one
+    (or behind the base) does not hold back what applied, and its refusal is raised at the next
+    poll: logged, counted by adstream_serving_refused_total, shown as /model's last_error."""
+    from fastapi.testclient import TestClient
+    from prometheus_client import REGISTRY
+
+    from serving.app import create_app
+
+    schema, trainer, publisher, _, _ = served_base(isolated, tmp_path, "broken-delta")
+    for sequence in (1, 2):
+        learn_more(trainer, schema, 100 * sequence, 1)
+        delta, changed = publish_delta(trainer, tmp_path, publisher.base_step, sequence)
+        if sequence == 2:
+            (delta / "embeddings.safetensors").write_bytes(b"\x00" * 100)  # broken on disk, uploaded as is
+        publisher.publish_delta(delta, sequence, trainer.step, len(changed))
+
+    settings = replace(isolated.serving, cache_dir=str(tmp_path / "fresh-cache"))
+    fetch = registry_fetch(isolated.mlflow.tracking_uri, isolated.mlflow.model_name, settings, schema)
+    served = fetch(None)  # what a starting server does: base + delta 1 apply, delta 2 is refused
+    assert served is not None and served.sequence == 1
+    with pytest.raises(Exception, match="embeddings.safetensors"):
+        fetch(served)  # the refusal, reported
+    assert fetch(served) is None  # and not downloaded again: the model stays
+
+    def refused() -> float:
+        return REGISTRY.get_sample_value("adstream_serving_refused_total") or 0.0
+
+    before = refused()
+    settings = replace(settings, cache_dir=str(tmp_path / "app-cache"), poll_s=0.05)
+    app_fetch = registry_fetch(isolated.mlflow.tracking_uri, isolated.mlflow.model_name, settings, schema)
+    with TestClient(create_app(settings, schema, app_fetch)) as client:
+        deadline = time.monotonic() + 30
+        while refused() == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        info = client.get("/model").json()
+    assert info["sequence"] == 1 and "embeddings.safetensors" in (info["last_error"] or "")
+    assert refused() == before + 1  # counted once
