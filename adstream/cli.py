@@ -59,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, help="events per second (default: as fast as possible)")
     p.add_argument("--limit", type=int, help="stop after N events")
     p.add_argument("--loop", action="store_true", help="replay the files again and again")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="after a replay that stopped early: send only the records the topics do not hold yet (by key)",
+    )
     p.add_argument("--bundle", type=int, default=1, help="events per Kafka record (1 = one JSON event per record)")
     p.add_argument(
         "--bundle-format",

@@ -93,7 +93,13 @@ def cmd_replay(args: argparse.Namespace) -> None:
         records, total = log_records(args.paths, schema, args.loop, args.bundle, args.bundle_format), None
     else:
         raise CliError("replay: give log file(s) (laid out as the schema's [source] says) or --synthetic N")
-    summary = replay(records, config.kafka, rate=args.rate, limit=args.limit, total=total)
+    skip = None
+    if args.resume:
+        from stream.replay import held_keys
+
+        skip = held_keys(config.kafka, [config.kafka.events_topic, config.kafka.dlq_topic])
+        print(f"resume: the topics hold {len(skip)} record keys; those are skipped", file=sys.stderr)
+    summary = replay(records, config.kafka, rate=args.rate, limit=args.limit, total=total, skip=skip)
     print(json.dumps(asdict(summary)))
 
 

@@ -292,7 +292,9 @@ def check_table(
     n = table.num_rows
     numbers = {}
     # the label may come as integers or floats (1.0, -0.0), as JSON allows: its rule checks the values
-    for name, kind in [(schema.timestamp, "int"), (schema.label, "float")] + [(f, "int") for f in schema.integer_fields]:
+    for name, kind in [(schema.timestamp, "int"), (schema.label, "float")] + [
+        (f, "int") for f in schema.integer_fields
+    ]:
         numbers[name] = _number_column(table, name, kind)
     for name in schema.float_fields:
         numbers[name] = _number_column(table, name, "float")

@@ -29,6 +29,9 @@ from stream.settings import KafkaSettings
 BUNDLE_FORMATS = ("json", "arrow")
 
 
+DELIVERY_TIMEOUT_MS = 300_000  # how long a record may wait for a broker (librdkafka's default, stated)
+
+
 @dataclass(frozen=True)
 class ReplaySummary:
     events: int  # events produced to the events topic
@@ -36,6 +39,7 @@ class ReplaySummary:
     seconds: float
     events_per_s: float
     rejected: int  # lines sent to the dead-letter topic instead
+    skipped: int = 0  # records left out because the topics already held them (resume)
 
 
 class ReplayRecord(NamedTuple):
@@ -145,6 +149,7 @@ def producer_config(kafka: KafkaSettings) -> dict[str, object]:
         "message.max.bytes": kafka.max_message_bytes,
         "queue.buffering.max.kbytes": 1 << 20,
         "delivery.report.only.error": True,
+        "message.timeout.ms": DELIVERY_TIMEOUT_MS,
     }
 
 
@@ -183,12 +188,52 @@ class KafkaWriter:
             self._producer.poll(0)
             self._since_poll = 0
 
-    def flush(self, timeout_s: float = 60.0) -> None:
+    def flush(self, timeout_s: float = DELIVERY_TIMEOUT_MS / 1000 + 30) -> None:
+        """Wait until every record is delivered: as long as the producer itself keeps retrying (a
+        broker away for minutes is waited for), then a little more for the reports to arrive."""
         left = self._producer.flush(timeout_s)
         if left or self.errors:
             raise StreamError(
-                f"kafka producer: {left} message(s) undelivered, {len(self.errors)} error(s): {self.errors[:3]}"
+                f"kafka producer: {left} message(s) undelivered, {len(self.errors)} error(s): {self.errors[:3]}; "
+                "once the broker is back, run the same replay with --resume to send only what the topic lacks"
             )
+
+
+def held_keys(kafka: KafkaSettings, topics: Iterable[str], progress: bool = False) -> set[bytes]:
+    """The keys of every record the topics hold now (events: the event id, or a bundle's first
+    event id; replay's dead letters: where the line was), read from the start up to each
+    partition's end as it is now. What `--resume` skips."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer(
+        {"bootstrap.servers": kafka.bootstrap, "group.id": "adstream-replay-resume", "enable.auto.commit": False}
+    )
+    keys: set[bytes] = set()
+    try:
+        ends: dict[tuple[str, int], int] = {}
+        for topic in topics:
+            for p in consumer.list_topics(topic, timeout=30).topics[topic].partitions:
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
+                if high > low:
+                    ends[(topic, p)] = high
+        consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in ends])
+        while ends:
+            messages = consumer.consume(10_000, timeout=1.0)
+            for message in messages:
+                if message.error() is not None:
+                    continue
+                where = (message.topic() or "", message.partition() or 0)
+                keys.add(message.key() or b"")
+                if where in ends and (message.offset() or 0) + 1 >= ends[where]:
+                    del ends[where]
+            if not messages:  # the end may be a marker no message stands for: ask where each read is
+                positions = consumer.position([TopicPartition(t, p) for t, p in ends])
+                for tp in positions:
+                    if tp.offset >= ends[(tp.topic, tp.partition)]:
+                        del ends[(tp.topic, tp.partition)]
+    finally:
+        consumer.close()
+    return keys
 
 
 def replay(
@@ -198,12 +243,16 @@ def replay(
     limit: int | None = None,
     progress: bool = True,
     total: int | None = None,
+    skip: set[bytes] | None = None,
 ) -> ReplaySummary:
-    """Produce records (log_records, synthetic_records) to Kafka: events to events_topic, rejects to the DLQ."""
+    """Produce records (log_records, synthetic_records) to Kafka: events to events_topic, rejects to the
+    DLQ; records whose key is in `skip` (held_keys: what the topics already hold) are left out, and
+    count towards `limit` as if sent."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     writer = KafkaWriter(kafka)
-    events = rejected = nbytes = 0
+    events = rejected = nbytes = skipped = skipped_events = 0
+    skip = skip or set()
     next_report = 1000
     start = time.perf_counter()
     bar = Progress(TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), disable=not progress)
@@ -211,6 +260,12 @@ def replay(
         task = bar.add_task("replay", total=limit or total)
         send, topic = writer.send, kafka.events_topic
         for key, value, count, reason in records:
+            if key in skip:
+                skipped += 1
+                skipped_events += count
+                if limit is not None and events + skipped_events >= limit:
+                    break
+                continue
             if reason is not None:
                 send(kafka.dlq_topic, value, key, {"reason": reason, "stage": "replay"})
                 rejected += 1
@@ -225,9 +280,9 @@ def replay(
                     ahead = events / rate - (time.perf_counter() - start)
                     if ahead > 0:
                         time.sleep(ahead)
-            if limit is not None and events >= limit:
+            if limit is not None and events + skipped_events >= limit:
                 break
         writer.flush()
         bar.update(task, completed=events)
     seconds = time.perf_counter() - start
-    return ReplaySummary(events, nbytes, seconds, events / seconds if seconds else 0.0, rejected)
+    return ReplaySummary(events, nbytes, seconds, events / seconds if seconds else 0.0, rejected, skipped)

@@ -110,9 +110,7 @@ def test_a_float_label_means_the_same_in_json_and_in_an_arrow_bundle():
         [RawRecord(0, i, orjson.dumps(e)) for i, e in enumerate(events[:4])], SCHEMA
     )  # NaN is not JSON (orjson writes null): the JSON path sees the first four
     table = event_table([criteo_event(i) for i in range(6)], SCHEMA)
-    table = table.set_column(
-        table.schema.get_field_index("label"), "label", pa.array(labels, pa.float64())
-    )
+    table = table.set_column(table.schema.get_field_index("label"), "label", pa.array(labels, pa.float64()))
     arrow_batch, arrow_rejected = featurize_records([RawRecord(1, 0, encode_table(table))], SCHEMA)
     assert json_batch.event_ids == ("e0", "e1", "e2") and json_batch.labels.tolist() == [1.0, 0.0, 0.0]
     assert arrow_batch.event_ids == ("e0", "e1", "e2", "e5") and arrow_batch.labels.tolist() == [1.0, 0.0, 0.0, 1.0]

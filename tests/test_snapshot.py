@@ -26,6 +26,7 @@ def test_round_trip_restores_the_same_predictions(schema, tmp_path):
         "dense.safetensors",
         "embeddings.safetensors",
         "manifest.json",
+        "metrics.safetensors",
         "optimizer.safetensors",
     ]
     manifest = read_manifest(path)
@@ -122,3 +123,68 @@ def test_a_snapshot_resumes_under_new_rates_but_not_under_another_row_layout(sch
     for other in (replace(config, optim=replace(config.optim, name="adagrad")), replace(config, seed=9)):
         with pytest.raises(SnapshotError, match="cannot read"):
             load_snapshot(path, EmbeddingTable(RamTier(3 * config.dim, 1 << 26), other))
+
+
+def learn_events(trainer, schema, first: int, steps: int) -> None:
+    for s in range(steps):
+        events = [event_from_mapping(criteo_event(first + s * 50 + i), schema) for i in range(50)]
+        trainer.learn(batch_from_features([featurize(events, schema)], {0: first + s + 1}))
+
+
+def test_metrics_go_on_over_the_whole_stream_after_a_resume(schema, tmp_path):
+    """A trainer restored from its snapshot reports what one that never stopped reports: events,
+    progressive AUC, logloss, calibration and the window all cover the events before the restart."""
+    straight = trained_trainer(schema, 0)
+    learn_events(straight, schema, 0, 6)
+    before = trained_trainer(schema, 0)
+    learn_events(before, schema, 0, 3)
+    path = before.save(tmp_path)
+    resumed = trained_trainer(schema, 0)
+    resumed.restore(path)
+    assert resumed.metrics.count == 150
+    learn_events(resumed, schema, 150, 3)
+    a, b = straight.metrics.summary(), resumed.metrics.summary()
+    assert b["events"] == 300.0
+    for key in a:
+        assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), key
+
+
+def test_snapshot_errors_name_the_file(schema, tmp_path):
+    path = trained_trainer(schema, 1).save(tmp_path)
+    manifest = (path / "manifest.json").read_text()
+    (path / "manifest.json").write_text(manifest[:63])
+    with pytest.raises(SnapshotError, match=r"manifest\.json is unreadable"):
+        read_manifest(path)
+    (path / "manifest.json").write_text(manifest)
+    dense = (path / "dense.safetensors").read_bytes()
+    (path / "dense.safetensors").write_bytes(dense[: len(dense) // 2])
+    config = trained_trainer(schema, 0).table_config
+    table = EmbeddingTable(RamTier(3 * config.dim, 1 << 20), config)
+    with pytest.raises(SnapshotError, match=r"dense\.safetensors is unreadable"):
+        load_snapshot(path, table)
+
+
+def test_a_snapshot_folder_that_cannot_be_written_is_named_at_start_and_at_write(schema, tmp_path):
+    from trainer.snapshot import check_writable
+
+    blocker = tmp_path / "in-the-way"
+    blocker.write_text("a file where the folder should be")
+    with pytest.raises(SnapshotError, match="trainer.snapshot.dir=.*in-the-way.*writable"):
+        check_writable(blocker / "snapshots")
+    check_writable(tmp_path / "fine" / "snapshots")  # made, and nothing left behind
+    assert list((tmp_path / "fine" / "snapshots").iterdir()) == []
+    with pytest.raises(SnapshotError, match="in-the-way/step-000000001: cannot write.*trainer.snapshot.dir"):
+        trained_trainer(schema, 1).save(blocker)
+
+
+def test_old_recovery_snapshots_are_pruned_to_keep(schema, tmp_path):
+    from trainer.snapshot import latest_snapshot, prune_snapshots
+
+    trainer = trained_trainer(schema, 0)
+    for first in range(0, 250, 50):
+        learn_events(trainer, schema, first, 1)
+        trainer.save(tmp_path)
+    (tmp_path / "step-000000002" / "manifest.json").unlink()  # a write cut short, older than the newest
+    deleted = prune_snapshots(tmp_path, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000000004", "step-000000005"]
+    assert len(deleted) == 3 and latest_snapshot(tmp_path).name == "step-000000005"

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,6 +31,7 @@ import torch.distributed as dist
 from trainer.errors import TrainerError
 
 log = logging.getLogger("adstream.trainer")
+GROUP_STORE_ENV = "ADSTREAM_GROUP_STORE"  # a local group's FileStore path (group_env); absent under torchrun
 COLLECTIVE_TIMEOUT = timedelta(minutes=5)  # a peer silent this long fails the collective (and the replica)
 
 
@@ -74,7 +78,17 @@ def join_group(device: str = "cpu") -> tuple[int, int]:
         if device.startswith("cuda"):
             check_gpu(device)
             torch.cuda.set_device(local_gpu(device))
-        dist.init_process_group(backend_for(device), timeout=COLLECTIVE_TIMEOUT)
+        store_file = os.environ.get(GROUP_STORE_ENV)
+        if store_file:  # a group on this machine: rendezvous through a file, no listening socket
+            dist.init_process_group(
+                backend_for(device),
+                init_method=f"file://{store_file}",
+                rank=rank,
+                world_size=world,
+                timeout=COLLECTIVE_TIMEOUT,
+            )
+        else:  # torchrun's environment (MASTER_ADDR:MASTER_PORT): the group may span machines
+            dist.init_process_group(backend_for(device), timeout=COLLECTIVE_TIMEOUT)
     log.info("replica %d of %d joined (%s)", rank, world, dist.get_backend())
     return rank, world
 
@@ -96,19 +110,35 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def group_env(rank: int, world: int, port: int) -> dict[str, str]:
+def group_env(rank: int, world: int, store_file: str) -> dict[str, str]:
+    """The environment of replica `rank` of a group on this machine. The group meets through
+    `store_file` (torch's FileStore) rather than a TCP store, which would listen on every
+    interface, and gloo's connections stay on loopback (GLOO_SOCKET_IFNAME, unless set): nothing
+    of a local group can be reached from another machine."""
     return {
         "RANK": str(rank),
         "LOCAL_RANK": str(rank),
         "WORLD_SIZE": str(world),
         "LOCAL_WORLD_SIZE": str(world),
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
+        GROUP_STORE_ENV: store_file,
+        "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
     }
 
 
-def _entry(fn: Callable[..., Any], rank: int, world: int, port: int, device: str, queue: Any, args: tuple) -> None:
-    os.environ.update(group_env(rank, world, port))
+def new_store_file() -> str:
+    """A path for a local group's FileStore, in a folder of its own (remove_store_file cleans up)."""
+    return str(Path(tempfile.mkdtemp(prefix="adstream-group-")) / "store")
+
+
+def remove_store_file(store_file: str) -> None:
+    shutil.rmtree(Path(store_file).parent, ignore_errors=True)
+
+
+def _entry(
+    fn: Callable[..., Any], rank: int, world: int, store_file: str, device: str, queue: Any, args: tuple
+) -> None:
+    os.environ.update(group_env(rank, world, store_file))
     try:
         join_group(device)
         queue.put((rank, None, fn(*args)))
@@ -126,8 +156,8 @@ def launch_local(fn: Callable[..., Any], world: int, *args: Any, device: str = "
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, r, world, port, device, queue, args)) for r in range(world)]
+    store_file = new_store_file()
+    procs = [ctx.Process(target=_entry, args=(fn, r, world, store_file, device, queue, args)) for r in range(world)]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
@@ -153,6 +183,7 @@ def launch_local(fn: Callable[..., Any], world: int, *args: Any, device: str = "
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
+        remove_store_file(store_file)
     return [results[r] for r in range(world)]
 
 
@@ -161,10 +192,10 @@ def supervise(argv: Sequence[str], workers: int, max_restarts: int, poll_s: floa
     when one exits with an error or is killed. Returns the group's exit code (0: every replica done)."""
     attempt = 0
     while True:
-        port = free_port()
+        store_file = new_store_file()  # a fresh rendezvous per attempt
         procs = []
         for rank in range(workers):
-            env = {**os.environ, **group_env(rank, workers, port), "ADSTREAM_ATTEMPT": str(attempt)}
+            env = {**os.environ, **group_env(rank, workers, store_file), "ADSTREAM_ATTEMPT": str(attempt)}
             out = None if rank == 0 else subprocess.DEVNULL  # rank 0 prints the job's summary
             procs.append(subprocess.Popen([sys.executable, "-m", "adstream.cli", *argv], env=env, stdout=out))
         log.warning("supervisor: attempt %d, replicas %s", attempt, [p.pid for p in procs])
@@ -175,6 +206,7 @@ def supervise(argv: Sequence[str], workers: int, max_restarts: int, poll_s: floa
         if failed is None:
             failed = next((p for p in procs if p.returncode != 0), None)
         if failed is None:
+            remove_store_file(store_file)
             return 0
         for p in procs:  # the others are stuck in a collective with the dead one
             if p.poll() is None:
@@ -185,6 +217,7 @@ def supervise(argv: Sequence[str], workers: int, max_restarts: int, poll_s: floa
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        remove_store_file(store_file)
         log.warning("supervisor: replica pid %d exited with %s", failed.pid, failed.returncode)
         if attempt >= max_restarts:
             return 1

@@ -32,12 +32,12 @@ from adstream.checks import flat_fields
 from stream.schema import Schema
 from stream.settings import KafkaSettings
 from trainer.group import Control, join_group, leave_group, local_gpu
-from trainer.metrics import merged_summary
+from trainer.metrics import ProgressiveMetrics, merged_summary
 from trainer.publish import send_delta, take_snapshot
 from trainer.replica import Trainer, store_path
 from trainer.schedule import LoopState, Round, Schedule, decide
 from trainer.settings import MlflowSettings, TrainerSettings
-from trainer.snapshot import latest_snapshot
+from trainer.snapshot import check_writable, latest_snapshot
 
 if TYPE_CHECKING:
     from trainer.batch import Batch
@@ -232,6 +232,7 @@ def _learn(trainer: Trainer, batch: Batch | None, k: int, learn_log: LearnLog) -
 def _prepare_process(settings: TrainerSettings, rank: int) -> None:
     """Metrics endpoint, NUMA pinning, and a clean RocksDB folder (the snapshot is the truth; rows
     on disk may be newer than it)."""
+    check_writable(settings.snapshot.dir)
     if settings.metrics_port:
         start_http_server(settings.metrics_port + rank)
     if settings.device.startswith("cuda"):
@@ -246,7 +247,9 @@ def _resume(trainer: Trainer, settings: TrainerSettings, rank: int) -> tuple[Pat
     if resumed is None:
         return None, LoopState(), None
     manifest = trainer.restore(resumed)
-    trainer.events = manifest.events if rank == 0 else 0  # rank 0 carries the job's count
+    if rank != 0:  # rank 0 carries the job's counts (events, the metrics' sums): the others add from zero
+        trainer.events = 0
+        trainer.metrics = ProgressiveMetrics(window=settings.metrics_window)
     log.warning("replica %d resumes from %s (step %d)", rank, resumed, trainer.step)
     return resumed, LoopState(events=manifest.events), str(manifest.extra.get("mlflow_run_id") or "") or None
 

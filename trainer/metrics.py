@@ -100,6 +100,34 @@ class ProgressiveMetrics:
         while self._window_len - len(self._window[0][0]) >= self.window:
             self._window_len -= len(self._window.popleft()[0])
 
+    def state(self) -> dict[str, np.ndarray]:
+        """Everything the metrics have counted, as arrays (a recovery snapshot's metrics file), so
+        a resumed trainer reports over the whole stream, not only what came after the restart."""
+        labels, probs = self.window_arrays()
+        return {
+            "pos_hist": self.pos_hist.copy(),
+            "neg_hist": self.neg_hist.copy(),
+            "loss_sum_count": np.array([self.loss_sum, float(self.count)], dtype=np.float64),
+            "calibration": self.calibration.copy(),
+            "window_labels": np.asarray(labels, dtype=np.float32),
+            "window_probs": np.asarray(probs, dtype=np.float32),
+        }
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        """Continue from state() (the histogram resolution must match)."""
+        if state["pos_hist"].shape != self.pos_hist.shape:
+            raise ValueError(f"metrics state of {state['pos_hist'].shape[0]} bins; these metrics have {self.bins}")
+        self.pos_hist = state["pos_hist"].astype(np.int64)
+        self.neg_hist = state["neg_hist"].astype(np.int64)
+        self.loss_sum, count = (float(v) for v in state["loss_sum_count"])
+        self.count = int(count)
+        self.calibration = state["calibration"].astype(np.float64)
+        self._window.clear()
+        self._window_len = 0
+        if len(state["window_labels"]):
+            self._window.append((state["window_labels"], state["window_probs"]))
+            self._window_len = len(state["window_labels"])
+
     def auc(self) -> float:
         pos, neg = self.pos_hist.sum(), self.neg_hist.sum()
         if pos == 0 or neg == 0:
@@ -132,10 +160,24 @@ def merged_summary(metrics: ProgressiveMetrics) -> dict[str, float]:
     """Cumulative progressive AUC / logloss over every replica's predictions (a collective: the
     histograms and loss sums are all-reduced, so the figure is what one process scoring the whole
     stream would report, to histogram resolution)."""
+    merged = merged_metrics(metrics)
+    return {
+        "progressive_auc": merged.auc(),
+        "progressive_logloss": merged.logloss(),
+        **calibration_summary(merged.calibration, "progressive"),
+        "events": float(merged.count),
+    }
+
+
+def merged_metrics(metrics: ProgressiveMetrics) -> ProgressiveMetrics:
+    """Every replica's cumulative counts added up (a collective), with this replica's own window:
+    what a group's snapshot keeps (rank 0 restores it, the others start from zero, so the sums
+    stay right)."""
     import torch
     import torch.distributed as dist
 
-    merged = ProgressiveMetrics(window=1, bins=metrics.bins)
+    merged = ProgressiveMetrics(window=metrics.window, bins=metrics.bins)
+    merged._window, merged._window_len = deque(metrics._window), metrics._window_len
     hist = torch.from_numpy(np.stack([metrics.pos_hist, metrics.neg_hist]))
     sums = torch.tensor([metrics.loss_sum, float(metrics.count)], dtype=torch.float64)
     calibration = torch.from_numpy(metrics.calibration.copy())
@@ -149,9 +191,5 @@ def merged_summary(metrics: ProgressiveMetrics) -> dict[str, float]:
         hist, sums, calibration = hist.cpu(), sums.cpu(), calibration.cpu()
     merged.pos_hist, merged.neg_hist = hist[0].numpy(), hist[1].numpy()
     merged.loss_sum, merged.count = float(sums[0]), int(sums[1])
-    return {
-        "progressive_auc": merged.auc(),
-        "progressive_logloss": merged.logloss(),
-        **calibration_summary(calibration.numpy(), "progressive"),
-        "events": float(merged.count),
-    }
+    merged.calibration = calibration.numpy()
+    return merged

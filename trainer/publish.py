@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainer.errors import TrainerError
+from trainer.metrics import merged_metrics
 from trainer.settings import MlflowSettings
-from trainer.snapshot import MANIFEST, folder_bytes, snapshot_name
+from trainer.snapshot import MANIFEST, folder_bytes, prune_snapshots, snapshot_name
 
 if TYPE_CHECKING:
     from trainer.group import Control
@@ -151,13 +152,14 @@ def take_snapshot(
         offsets.update(part)
     trainer.newest_event_ms = max(control.gather(trainer.newest_event_ms))  # the group's freshest event
     trainer.table.take_changed()  # a base holds every row: deltas start again from here
+    counted = merged_metrics(trainer.metrics)  # every replica's counts: what the resumed job reports on from
     path = version = None
     if trainer.writes_snapshots:
         extra: dict[str, object] = {"workers": control.world, "merge_every_steps": settings.group.merge_every_steps}
         if publisher is not None:
             extra["mlflow_run_id"] = publisher.run_id
         manifest = trainer.manifest(offsets, extra, events)  # one manifest for both artifacts
-        path = trainer.save(settings.snapshot.dir, manifest=manifest)  # sharded rows: a collective of the node
+        path = trainer.save(settings.snapshot.dir, manifest=manifest, metrics=counted)  # sharded: the node's collective
         publication = trainer.publish_to(Path(settings.snapshot.dir) / "publications", manifest)
         if publisher is not None and path is not None and publication is not None:
             version = publisher.publish(publication, trainer.step, recovery_bytes=folder_bytes(path))
@@ -166,6 +168,8 @@ def take_snapshot(
         trainer.table.expire_cold()  # as save does on the writers: every replica drops its TTL-expired rows
     control.barrier()  # the snapshot is durable before any replica commits its offsets
     source.commit(offsets)
+    if path is not None:  # rank 0: the older recovery snapshots are no longer needed
+        prune_snapshots(settings.snapshot.dir, settings.snapshot.keep)
     return path, version
 
 

@@ -29,7 +29,7 @@ from store.topology import Topology
 from stream.featurize import shared_ids
 from stream.schema import Schema
 from trainer.batch import Batch
-from trainer.errors import TrainerError
+from trainer.errors import SnapshotError, TrainerError
 from trainer.group import check_gpu, local_gpu
 from trainer.merge import (
     Group,
@@ -54,6 +54,7 @@ from trainer.snapshot import (
     load_optimizer_state,
     load_snapshot,
     publication_manifest,
+    read_metrics,
     save_delta,
     snapshot_name,
     write_rows,
@@ -394,6 +395,7 @@ class Trainer:
         extra: dict[str, object] | None = None,
         events: int | None = None,
         manifest: Manifest | None = None,
+        metrics: ProgressiveMetrics | None = None,
     ) -> Path | None:
         """Write a recovery snapshot under root/step-NNNNNNNNN (see snapshot.py); offsets and events
         default to this replica's (a group passes every replica's offsets and the job's total
@@ -401,15 +403,29 @@ class Trainer:
         sharded rows a collective of the node (see writes_snapshots): returns the path on rank 0,
         None on the others."""
         self.table.expire_cold()  # rows past their TTL leave RocksDB too, not only the cached tiers
-        return self._write(root, manifest or self.manifest(offsets, extra, events), recovery=True)
+        counted = (metrics or self.metrics).state()
+        return self._write(root, manifest or self.manifest(offsets, extra, events), recovery=True, metrics=counted)
 
     def publish_to(self, root: str | Path, manifest: Manifest) -> Path | None:
         """Write the serving publication of this step under root/step-NNNNNNNNN (vectors only);
         with sharded rows a collective of the node, like save."""
         return self._write(root, publication_manifest(manifest), recovery=False)
 
-    def _write(self, root: str | Path, manifest: Manifest, recovery: bool) -> Path | None:
+    def _write(
+        self, root: str | Path, manifest: Manifest, recovery: bool, metrics: dict[str, np.ndarray] | None = None
+    ) -> Path | None:
         path = Path(root) / snapshot_name(self.step)
+        try:
+            return self._write_files(path, manifest, recovery, metrics)
+        except OSError as exc:  # a full or read-only disk: name the folder and the way out
+            raise SnapshotError(
+                f"snapshot {path}: cannot write ({exc.strerror or exc}); free space there or point "
+                "trainer.snapshot.dir at a writable folder"
+            ) from None
+
+    def _write_files(
+        self, path: Path, manifest: Manifest, recovery: bool, metrics: dict[str, np.ndarray] | None
+    ) -> Path | None:
         if not self.sharded or self.shards.world == 1:
             write_rows(path, self.table, vectors_only=not recovery)
         else:  # each rank its own rows' file; rank 0 the rest once every file is on disk
@@ -419,7 +435,7 @@ class Trainer:
                 return None
             manifest = replace(manifest, shards=self.shards.world)
         if recovery:
-            return finish_snapshot(path, manifest, self.model, self.optimizer, self.table)
+            return finish_snapshot(path, manifest, self.model, self.optimizer, self.table, metrics)
         return finish_snapshot(path, manifest, self.model)
 
     def publish_delta_to(
@@ -441,4 +457,7 @@ class Trainer:
         self.events = snapshot.manifest.events
         self.offsets = {int(p): o for p, o in snapshot.manifest.offsets.items()}
         self.newest_event_ms = snapshot.manifest.newest_event_ms
+        counted = read_metrics(path)
+        if counted is not None:  # the metrics go on over the whole stream, not from the restart
+            self.metrics.load_state(counted)
         return snapshot.manifest

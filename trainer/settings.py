@@ -118,6 +118,9 @@ class SnapshotSettings:
     every_s: float = at_least(0, 60.0)  # ...or this many seconds, whichever comes first
     publish_every_s: float = at_least(0, 5.0)  # serving gets a delta (rows changed since) this often; 0 = bases only
     dir: str = ".state/snapshots"  # local folder for snapshots before upload
+    keep: int = at_least(
+        1, 3
+    )  # recovery snapshots kept there (the newest); older ones are deleted once a newer one is durable
 
     def __post_init__(self) -> None:
         check_fields(self, "trainer.snapshot", TrainerError)

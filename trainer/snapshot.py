@@ -19,6 +19,7 @@ applies deltas in order, in place (serving/loader.py). Files:
                              its owner (embeddings-RRRRR-of-NNNNN.safetensors, manifest.shards = N),
                              so no rank ever holds the whole table
     admission.safetensors    the admission sketch's counters (only with min_count >= 2)
+    metrics.safetensors      the progressive metrics' counts (recovery only: trainer/metrics.py state)
 
 The manifest is written last, so a folder without one is incomplete and never loaded.
 """
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -47,6 +49,7 @@ DENSE = "dense.safetensors"
 OPTIMIZER = "optimizer.safetensors"
 EMBEDDINGS = "embeddings.safetensors"
 ADMISSION = "admission.safetensors"
+METRICS = "metrics.safetensors"
 FOLDER_PREFIX = "step-"
 
 
@@ -111,13 +114,16 @@ def finish_snapshot(
     model: CtrModel,
     optimizer: torch.optim.Optimizer | None = None,
     table: EmbeddingTable | None = None,
+    metrics: dict[str, np.ndarray] | None = None,
 ) -> Path:
-    """After the rows file(s): the dense weights, the dense optimizer state and the table's
-    admission counters (recovery), then the manifest, which makes the folder complete."""
+    """After the rows file(s): the dense weights, the dense optimizer state, the table's admission
+    counters and the metrics' counts (recovery), then the manifest, which makes the folder complete."""
     path = Path(path)
     save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, path / DENSE)
     if optimizer is not None:
         save_file(_flat_optimizer_state(optimizer), path / OPTIMIZER)
+    if metrics is not None:
+        save_file({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in metrics.items()}, path / METRICS)
     if table is not None and table.sketch is not None:
         counts = torch.from_numpy(table.sketch.counts.view(np.int16).copy())
         save_file({"counts": counts, "added": torch.tensor([table.sketch.added])}, path / ADMISSION)
@@ -171,6 +177,36 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def check_writable(root: str | Path) -> None:
+    """Fail at start, not at the first snapshot minutes later, when the snapshot folder cannot be
+    made or written (read-only, full, a file in the way)."""
+    probe = Path(root) / ".adstream-write-check"
+    try:
+        Path(root).mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"\0" * 4096)
+        _fsync(probe)
+        probe.unlink()
+    except OSError as exc:
+        raise SnapshotError(
+            f"trainer.snapshot.dir={str(root)!r}: cannot write there ({exc.strerror or exc}); point "
+            "trainer.snapshot.dir at a writable folder with free space"
+        ) from None
+
+
+def prune_snapshots(root: str | Path, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` complete recovery snapshots under root, and incomplete
+    folders older than the newest complete one (a write cut short); returns what was deleted."""
+    folders = sorted(Path(root).glob(f"{FOLDER_PREFIX}*")) if Path(root).is_dir() else []
+    complete = [f for f in folders if is_complete(f)]
+    if not complete:
+        return []
+    kept = set(complete[-keep:])
+    doomed = [f for f in folders if f not in kept and f < complete[-1]]
+    for folder in doomed:
+        shutil.rmtree(folder, ignore_errors=True)
+    return doomed
+
+
 def latest_snapshot(root: str | Path) -> Path | None:
     """The newest complete snapshot (highest step with a manifest) under root, or None."""
     folders = sorted(Path(root).glob(f"{FOLDER_PREFIX}*")) if Path(root).is_dir() else []
@@ -182,10 +218,25 @@ def read_manifest(path: str | Path) -> Manifest:
     file = Path(path) / MANIFEST
     if not file.is_file():
         raise SnapshotError(f"snapshot {path}: no {MANIFEST}; the snapshot is incomplete or not a snapshot")
-    data = json.loads(file.read_text())
-    if data.get("format") != FORMAT:
-        raise SnapshotError(f"snapshot {path}: format {data.get('format')!r}, this version reads {FORMAT!r}")
-    return Manifest(**data)
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise SnapshotError(f"snapshot {file.parent}: {file.name} is unreadable ({exc}); refusing it") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise SnapshotError(f"snapshot {path}: format {found!r}, this version reads {FORMAT!r}")
+    try:
+        return Manifest(**data)
+    except TypeError as exc:
+        raise SnapshotError(f"snapshot {file}: not a manifest of {FORMAT} ({exc})") from None
+
+
+def _load(file: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file of a snapshot; an error naming the file if it is missing, truncated or corrupt."""
+    try:
+        return load_file(str(file))
+    except Exception as exc:  # safetensors raises its own error type on a truncated or corrupt file
+        raise SnapshotError(f"snapshot {file.parent}: {file.name} is unreadable ({exc}); refusing it") from None
 
 
 def read_embeddings(path: str | Path) -> dict[str, torch.Tensor]:
@@ -203,18 +254,15 @@ def read_rows_files(path: str | Path) -> Iterator[dict[str, torch.Tensor]]:
     keeping a share of the rows never holds them all."""
     shards = read_manifest(path).shards if (Path(path) / MANIFEST).is_file() else 1
     for shard in range(shards):
-        file = Path(path) / rows_file(shard, shards)
-        try:
-            yield load_file(str(file))
-        except Exception as exc:  # safetensors raises its own error type on a truncated or corrupt file
-            raise SnapshotError(f"snapshot {path}: {file.name} is unreadable ({exc}); refusing it") from None
+        yield _load(Path(path) / rows_file(shard, shards))
 
 
 def load_model(path: str | Path, manifest: Manifest) -> CtrModel:
     model = CtrModel(ModelConfig.from_dict(manifest.model))
+    weights = _load(Path(path) / DENSE)
     try:
-        model.load_state_dict(load_file(str(Path(path) / DENSE)))
-    except (RuntimeError, FileNotFoundError) as exc:
+        model.load_state_dict(weights)
+    except RuntimeError as exc:
         raise SnapshotError(f"snapshot {path}: dense weights do not fit the model config ({exc})") from None
     return model.eval()
 
@@ -239,13 +287,21 @@ def load_snapshot(
             ids, rows = ids[mask], rows[torch.from_numpy(mask)]
         table.load(ids, rows)
     if table.sketch is not None and (Path(path) / ADMISSION).is_file():
-        sketch = load_file(str(Path(path) / ADMISSION))
+        sketch = _load(Path(path) / ADMISSION)
         table.sketch.load(sketch["counts"].numpy().view(np.uint16), int(sketch["added"][0]))
     return Snapshot(manifest, load_model(path, manifest), table)
 
 
+def read_metrics(path: str | Path) -> dict[str, np.ndarray] | None:
+    """The metrics' counts a recovery snapshot holds (None for snapshots written before they were kept)."""
+    file = Path(path) / METRICS
+    if not file.is_file():
+        return None
+    return {k: v.numpy() for k, v in _load(file).items()}
+
+
 def load_optimizer_state(path: str | Path, optimizer: torch.optim.Optimizer) -> None:
-    flat = load_file(str(Path(path) / OPTIMIZER))
+    flat = _load(Path(path) / OPTIMIZER)
     state = optimizer.state_dict()
     for key, value in flat.items():
         index, name = key.split(".", 1)

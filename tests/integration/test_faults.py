@@ -58,8 +58,15 @@ def test_replay_survives_a_broker_kill_with_every_event_once(isolated, tmp_path)
     assert topic_size(kafka) == EVENTS  # and nothing twice: the log holds exactly that many records
 
 
-def restart_broker(config) -> None:
-    """SIGKILL the test broker, wait until its port is closed, start it again on its own data."""
+def restart_broker(config, down_s: float = 1.0) -> None:
+    """SIGKILL the test broker, wait until its port is closed, keep it down for down_s, start it
+    again on its own data."""
+    kill_broker(config)
+    time.sleep(down_s)
+    local_stack.up(config.stack, config.kafka)
+
+
+def kill_broker(config) -> None:
     state = Path(config.stack.state_dir)
     pid = pid_alive(state / "kafka.pid")
     assert pid, "the test broker is not running"
@@ -71,8 +78,53 @@ def restart_broker(config) -> None:
     deadline = time.monotonic() + 30
     while port_open(config.stack.kafka_port) and time.monotonic() < deadline:
         time.sleep(0.1)
+
+
+def test_replay_waits_out_a_broker_outage_longer_than_a_minute(isolated, tmp_path):
+    """The broker gone for 65 s in the middle of a replay: the replay waits (as long as the
+    producer's own delivery timeout) and ends with every event on the topic exactly once."""
+    schema = load_schema()
+    kafka = isolated.kafka
+    ensure_topics(kafka)
+    events, _ = SyntheticCriteo(schema).generate(20_000)
+    done: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            done["summary"] = replay(synthetic_records(events, schema), kafka, rate=8_000, progress=False)
+        except Exception as exc:  # reported below
+            done["error"] = exc
+
+    producer = threading.Thread(target=run)
+    producer.start()
     time.sleep(1.0)
-    local_stack.up(config.stack, config.kafka)
+    restart_broker(isolated, down_s=65.0)
+    producer.join(300)
+    assert not producer.is_alive() and "error" not in done, done.get("error")
+    assert done["summary"].events == len(events)  # type: ignore[attr-defined]
+    group = f"c-{uuid.uuid4().hex[:6]}"
+    ids = [m.key() for m in drain(kafka.bootstrap, kafka.events_topic, lambda m: len(m) >= len(events), 120, group)]
+    assert len(set(ids)) == len(events) and topic_size(kafka) == len(events)
+
+
+def test_replay_resume_sends_only_what_the_topics_lack(isolated, tmp_path):
+    """`adstream replay --resume` after a replay that stopped part way: the topic ends with every
+    event once, and the resumed run says how many it skipped."""
+    import json
+
+    kafka = isolated.kafka
+    ensure_topics(kafka)
+    first, log = start_cli(isolated, tmp_path, "replay", "--synthetic", "6000", "--limit", "2500")
+    assert first.wait(120) == 0, log.read_text()[-2000:]
+    assert topic_size(kafka) == 2500
+    (tmp_path / "again").mkdir()
+    again, log = start_cli(isolated, tmp_path / "again", "replay", "--synthetic", "6000", "--resume")
+    assert again.wait(120) == 0, log.read_text()[-2000:]
+    summary = json.loads(next(line for line in reversed(log.read_text().splitlines()) if line.startswith("{")))
+    assert summary["events"] == 3500 and summary["skipped"] == 2500
+    group = f"c-{uuid.uuid4().hex[:6]}"
+    ids = [m.key() for m in drain(kafka.bootstrap, kafka.events_topic, lambda m: len(m) >= 6000, 60, group)]
+    assert len(set(ids)) == 6000 and topic_size(kafka) == 6000
 
 
 def test_featurizer_and_trainer_carry_on_through_a_broker_kill(isolated, tmp_path):
