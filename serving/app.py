@@ -4,7 +4,8 @@ POST /predict  one event object or a list of them (the Kafka JSON, label absent)
                -> {"model_version", "schema_hash", "predictions": [{"event_id", "ctr"}]}
                422 names the field: {"detail": [{"loc": ["body", index, field], "msg", "type"}]}
 GET /healthz   liveness (200 while the process runs)
-               (with serving.token set, /predict and /model need "Authorization: Bearer <token>": 401)
+               (with serving.token set, /predict and /model need "Authorization: Bearer <token>": 401,
+               and /docs, /openapi.json are off; a body over serving.max_body_bytes: 413)
 GET /model     the served version, its base step and last delta, the newest event time it
                learned, schema hash, step, metrics (503 before the first model)
 GET /metrics   Prometheus (requests, latency, swaps, and the served model's progressive AUC,
@@ -203,7 +204,9 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> FastA
         yield
         task.cancel()
 
-    app = FastAPI(title="adstream serving", lifespan=lifespan)
+    # with a token, the API's description is not published either (a browser's docs page could not send the token)
+    docs = {"docs_url": None, "redoc_url": None, "openapi_url": None} if token else {}
+    app = FastAPI(title="adstream serving", lifespan=lifespan, **docs)  # type: ignore[arg-type]
     app.state.holder = holder
 
     async def get_holder() -> ModelHolder:
@@ -239,7 +242,16 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> FastA
 
     @app.post("/predict", dependencies=[Depends(authorized)])
     async def predict(request: Request, h: ModelHolder = Depends(get_holder)) -> Response:
-        body = await request.body()
+        body = await _body_within(request, settings.max_body_bytes)
+        if body is None:
+            REQUESTS.labels("413").inc()
+            return JSONResponse(
+                {
+                    "detail": f"request body over serving.max_body_bytes={settings.max_body_bytes}; "
+                    f"send fewer events per request (at most serving.max_events={settings.max_events})"
+                },
+                status_code=413,
+            )
         try:
             payload = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
@@ -300,6 +312,20 @@ def run_server(settings: ServingSettings, schema: Schema, tracking_uri: str, mod
 
     fetch = registry_fetch(tracking_uri, model_name, settings, schema)
     uvicorn.run(create_app(settings, schema, fetch), host=settings.host, port=settings.port, log_level="warning")
+
+
+async def _body_within(request: Request, limit: int) -> bytes | None:
+    """The request body, or None as soon as it is known to be over `limit` bytes (by its declared
+    length, or while it streams in), before it is all read."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
 
 
 def _unprocessable(locs: list[tuple[Any, ...]], msg: str) -> JSONResponse:

@@ -18,9 +18,10 @@ class ServingSettings:
     store: str = one_of(("ram", "rocksdb"), "ram")  # served rows: "ram" (sorted arrays) or "rocksdb" (tables > RAM)
     disk_bytes: int = at_least(1, 64 << 30)  # budget of a served version's RocksDB (store = "rocksdb"), bytes
     max_events: int = at_least(1, 10_000)  # most events accepted in one request
+    max_body_bytes: int = at_least(1 << 10, 8 << 20)  # largest request body accepted (413 above it)
     threads: int = at_least(1, 1)  # torch threads per request (1 keeps latency steady under concurrency)
     # if set, /predict and /model need "Authorization: Bearer <token>" (/healthz and /metrics stay
-    # open); or set ADSTREAM_SERVING_TOKEN. Never logged, never in a repr.
+    # open; /docs and /openapi.json are off); or set ADSTREAM_SERVING_TOKEN. Never logged, never in a repr.
     token: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:

@@ -145,7 +145,7 @@ def run_worker(kafka: KafkaSettings, settings: StreamSettings, loglevel: str = "
     ensure_topics(kafka)
     app = build_app(kafka, settings)
     if settings.metrics_port:
-        start_http_server(settings.metrics_port)
+        start_http_server(settings.metrics_port, addr=settings.metrics_host)
     worker = faust.Worker(app, loglevel=loglevel, quiet=True)
     worker.execute_from_commandline()
 

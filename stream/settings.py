@@ -37,6 +37,7 @@ class StreamSettings:
     batch_within_s: float = at_least(0, 1.0)  # flush a partial batch after this many seconds
     app_id: str = "adstream-featurizer"  # Faust app id = Kafka consumer group
     metrics_port: int = at_least(0, 0)  # Prometheus endpoint of the worker (worker i: port + i); 0 = off
+    metrics_host: str = "127.0.0.1"  # interface it binds; "0.0.0.0" in a container, for the stack's network only
     workers: int = at_least(1, 1)  # Faust worker processes of the one app (they share the partitions)
 
     def __post_init__(self) -> None:

@@ -102,7 +102,21 @@ def test_compose_matches_the_settings():
     config = load_config(str(ROOT / "docker" / "adstream.toml"))
     assert config.kafka.bootstrap == "kafka:9092" and "9092" in services["kafka"]["environment"]["KAFKA_LISTENERS"]
     assert f"--partitions {config.kafka.partitions}" in creator
-    assert services["serving"]["ports"] == [f"{config.serving.port}:{config.serving.port}"]
     mlflow_port = config.mlflow.tracking_uri.rsplit(":", 1)[1]
     assert mlflow_port in services["mlflow"]["command"]
-    assert services["trainer"]["ports"] == [f"{config.trainer.metrics_port}:{config.trainer.metrics_port}"]
+    assert services["trainer"]["expose"] == [str(config.trainer.metrics_port)]
+    assert services["stream"]["expose"] == [str(config.stream.metrics_port)]
+    assert config.trainer.metrics_host == config.stream.metrics_host == "0.0.0.0"  # inside the stack's network
+
+
+def test_compose_publishes_serving_and_mlflows_ui_on_loopback_only():
+    services = compose()["services"]
+    config = load_config(str(ROOT / "docker" / "adstream.toml"))
+    published = {name: s["ports"] for name, s in services.items() if s.get("ports")}
+    assert published == {
+        "serving": [f"127.0.0.1:{config.serving.port}:{config.serving.port}"],
+        "mlflow": ["127.0.0.1:15000:5000"],
+    }
+    allowed = services["mlflow"]["command"][services["mlflow"]["command"].index("--allowed-hosts") + 1]
+    assert "*" not in allowed and "mlflow:5000" in allowed
+    assert "ADSTREAM_SERVING_TOKEN" in services["serving"]["environment"]

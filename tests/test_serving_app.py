@@ -149,7 +149,31 @@ def test_a_token_guards_predict_and_model_and_is_never_shown(schema, snapshots, 
         assert client.post("/predict", json=unlabelled(0), headers=auth).status_code == 200
         assert client.get("/model", headers=auth).status_code == 200
         assert client.get("/healthz").status_code == 200 and client.get("/metrics").status_code == 200
+        for page in ("/docs", "/openapi.json", "/redoc"):  # the API's description is not open beside the token
+            assert client.get(page).status_code == 404 and client.get(page, headers=auth).status_code == 404
     assert "s3cret" not in caplog.text
+    with make_client(schema, [snapshots[0]]) as client:  # without a token they are there
+        assert client.get("/openapi.json").status_code == 200
+
+
+def test_a_body_over_the_limit_is_refused_with_413_naming_the_setting(schema, snapshots):
+    settings = replace(ServingSettings(), poll_s=0.05, max_body_bytes=4096)
+    queue = [snapshots[0]]
+    with TestClient(create_app(settings, schema, lambda current: queue.pop(0) if queue else None)) as client:
+        big = client.post("/predict", json=[unlabelled(i) for i in range(20)])  # ~20 KB
+        assert big.status_code == 413 and "serving.max_body_bytes=4096" in big.json()["detail"]
+
+        def chunks():  # no Content-Length: the limit holds while the body streams in
+            yield b"["
+            for i in range(20):
+                yield json.dumps(unlabelled(i)).encode() + (b"," if i < 19 else b"]")
+
+        streamed = client.post("/predict", content=chunks(), headers={"Content-Type": "application/json"})
+        assert streamed.status_code == 413
+        assert client.post("/predict", json=unlabelled(0)).status_code == 200
+        long_id = client.post("/predict", json=unlabelled(0, event_id="x" * 1000))
+        assert long_id.status_code == 422 and long_id.json()["detail"][0]["loc"] == ["body", "event_id"]
+        assert "x" * 300 not in long_id.text  # a long id is named, not echoed
 
 
 def test_a_thousand_fuzzed_requests_get_4xx_naming_the_field_never_5xx(schema, snapshots):

@@ -234,7 +234,7 @@ def _prepare_process(settings: TrainerSettings, rank: int) -> None:
     on disk may be newer than it)."""
     check_writable(settings.snapshot.dir)
     if settings.metrics_port:
-        start_http_server(settings.metrics_port + rank)
+        start_http_server(settings.metrics_port + rank, addr=settings.metrics_host)
     if settings.device.startswith("cuda"):
         _pin_to_gpu_numa_node(settings.device)
     if settings.store.kind == "tiered":

@@ -148,6 +148,7 @@ class TrainerSettings:
     metrics_window: int = at_least(1, 10_000)  # events in the sliding-window AUC/logloss
     log_every_steps: int = at_least(1, 20)  # MLflow metrics every this many steps
     metrics_port: int = at_least(0, 0)  # Prometheus endpoint; 0 = off
+    metrics_host: str = "127.0.0.1"  # interface it binds; "0.0.0.0" in a container, for the stack's network only
     learn_log: str = ""  # folder for per-replica audit logs of the (partition, offset) records learned; "" = off
     # rows sharded over the ranks of a node (trainer/shard.py): each row stored and updated by one
     # owner, synchronous steps within the node, k-step merges between nodes (group.merge_every_steps);

@@ -6,6 +6,7 @@ own decoder says of each record, in process."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 
 import numpy as np
@@ -13,6 +14,7 @@ import orjson
 import pytest
 
 from stream.batch_codec import decode_batch
+from stream.bundle import encode_event_bundle
 from stream.decode import decode_event
 from stream.errors import DecodeError
 from stream.replay import KafkaWriter
@@ -91,3 +93,100 @@ def test_ten_thousand_fuzzed_events_good_ones_in_batches_bad_ones_in_the_dlq(iso
     reasons = [dict(m.headers())["reason"].decode() for m in dlq]
     assert all(reasons) and all(dict(m.headers())["stage"] == b"stream" for m in dlq)
     assert any("not valid JSON" in r for r in reasons) and any("missing" in r for r in reasons)
+
+
+def probe_records(schema, limit: int) -> tuple[list[tuple[bytes, bytes]], dict[bytes, set[str]], dict[bytes, int]]:
+    """The fault probe's shapes, each a record keyed by its name: (key, value) in order, the event
+    ids each record should bring to the batches topic, and the dead letters each should bring."""
+    rng = np.random.default_rng(11)
+    # valid events with 200-character ids and no categories: a bundle of 8,000 is under the message
+    # limit, its featurized batch (8 bytes per missing category's id) over it
+    no_categories = {f"C{k}": None for k in range(1, 27)}
+    long_ids = [criteo_event(i, event_id=f"long{i}-" + "x" * 190, **no_categories) for i in range(16_000)]
+    records: list[tuple[bytes, bytes]] = []
+    good: dict[bytes, set[str]] = {}
+    letters: dict[bytes, int] = {}
+
+    def add(key: str, value: bytes, ids: set[str], dead: int) -> None:
+        records.append((key.encode(), value))
+        good[key.encode()], letters[key.encode()] = ids, dead
+
+    for b in range(2):  # bundles whose featurized batches are over the limit unless cut by bytes
+        rows = long_ids[b * 8000 : (b + 1) * 8000]
+        add(f"bundle{b}", encode_event_bundle(rows, schema), {str(r["event_id"]) for r in rows}, 0)
+    mixed = [criteo_event(9000 + i, event_id=f"m{i}") for i in range(100)]
+    mixed[50]["event_id"] = "y" * 900_000  # an id far over the cap, among good rows
+    add("mixed", encode_event_bundle(mixed, schema), {f"m{i}" for i in range(100) if i != 50}, 1)
+    add("json-long-id", orjson.dumps(criteo_event(1, event_id="z" * 900_000)), set(), 1)
+    for i in range(3):  # near the limit: the dead letter's copy must be cut to fit
+        add(f"near{i}", b"#" + rng.integers(0, 256, limit - 400, dtype=np.uint8).tobytes(), set(), 1)
+    add("arrow-marker", b"\xff\xff\xff\xff" + rng.integers(0, 256, 300, dtype=np.uint8).tobytes(), set(), 1)
+    add("arrow-marker-1mib", b"\xff\xff\xff\xff" + rng.integers(0, 256, 1 << 20, dtype=np.uint8).tobytes(), set(), 1)
+    add("garbage-1mib", b"#" + rng.integers(0, 256, 1 << 20, dtype=np.uint8).tobytes(), set(), 1)
+    add("deep", b"[" * 100_000 + b"]" * 100_000, set(), 1)
+    add("deep-object", b'{"a":' * 5_000 + b"1" + b"}" * 5_000, set(), 1)
+    for i in range(200):
+        add(f"plain{i}", orjson.dumps(criteo_event(20_000 + i, event_id=f"p{i}")), {f"p{i}"}, 0)
+    return records, good, letters
+
+
+def test_the_probes_shapes_each_end_in_exactly_one_of_the_two_topics(isolated, tmp_path):
+    """Oversize ids, bundles whose batches are over the message limit, near-limit garbage, Arrow-marker
+    garbage, a megabyte of garbage, deep nesting: every good event reaches the batches topic once,
+    every bad record (or bundle row) is one dead letter pointing at its source, nothing over the
+    limit is written, and the featurizer is still running."""
+    from dataclasses import replace
+
+    schema = load_schema()
+    config = replace(isolated, stream=replace(isolated.stream, batch_events=16_384, take_records=64))
+    kafka = config.kafka
+    ensure_topics(kafka)
+    records, good, letters = probe_records(schema, kafka.max_message_bytes)
+    writer = KafkaWriter(kafka)
+    for key, value in records:
+        writer.send(kafka.events_topic, value, key)
+    writer.flush()
+    sources = {  # partition:offset -> key, as the events topic holds them
+        f"{m.partition()}:{m.offset()}": m.key()
+        for m in drain(
+            kafka.bootstrap, kafka.events_topic, lambda m: len(m) >= len(records), 60, "k-" + uuid.uuid4().hex[:6]
+        )
+    }
+    wanted_ids = set().union(*good.values())
+    worker, log = start_cli(config, tmp_path, "stream")
+    try:
+        batches = drain(
+            kafka.bootstrap,
+            kafka.batches_topic,
+            lambda m: sum(len(decode_batch(x.value())) for x in m) >= len(wanted_ids),
+            180,
+            f"check-{uuid.uuid4().hex[:6]}",
+        )
+        dlq = drain(
+            kafka.bootstrap,
+            kafka.dlq_topic,
+            lambda m: len(m) >= sum(letters.values()),
+            120,
+            "d-" + uuid.uuid4().hex[:6],
+        )
+        time.sleep(2)
+        assert worker.poll() is None, f"the featurizer died:\n{log.read_text()[-3000:]}"
+    finally:
+        stop_process(worker)
+    ids = [e for m in batches for e in decode_batch(m.value()).event_ids]
+    assert len(ids) == len(set(ids)) == len(wanted_ids) and set(ids) == wanted_ids
+    assert max(len(m.value()) for m in batches) <= kafka.max_message_bytes
+    assert any(len(m.value()) > kafka.max_message_bytes // 3 for m in batches)  # large batches, cut to fit
+    per_record: dict[bytes, int] = {}
+    for m in dlq:
+        headers = dict(m.headers())
+        key = sources[headers["source"].decode()]
+        per_record[key] = per_record.get(key, 0) + 1
+        assert headers["reason"] and headers["stage"] == b"stream"
+        if key.startswith(b"near"):
+            assert int(headers["truncated"]) == kafka.max_message_bytes - 400 + 1
+    assert per_record == {k: n for k, n in letters.items() if n}
+    reasons = {sources[dict(m.headers())["source"].decode()]: dict(m.headers())["reason"].decode() for m in dlq}
+    assert reasons[b"mixed"] == reasons[b"json-long-id"] == "event_id: longer than 256 characters"
+    assert reasons[b"arrow-marker"].startswith("record: not a readable Arrow bundle")
+    assert "crashed" not in " ".join(reasons.values())
