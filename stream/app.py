@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Awaitable
 from dataclasses import replace
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import faust
 from prometheus_client import Counter, start_http_server
@@ -89,20 +90,14 @@ async def deliver(outputs: list[Output], topics: dict[str, faust.TopicT]) -> Non
     (logged once; duplicates are possible, losses are not); any other error is raised."""
     pending, backoff, failures = outputs, 0.5, 0
     while pending:
-        results: list[object] = []
+        sent: list[Awaitable[Any] | Exception] = []
         for output in pending:
             try:
-                results.append(
-                    await topics[output.topic].send(key=output.key, value=output.value, headers=output.headers)
-                )
+                sent.append(await topics[output.topic].send(key=output.key, value=output.value, headers=output.headers))
             except Exception as exc:  # refused before sending (a full buffer, no metadata yet)
-                results.append(exc)
-        delivered = await asyncio.gather(
-            *(r for r in results if not isinstance(r, BaseException)), return_exceptions=True
-        )
-        outcomes = iter(delivered)
-        errors = [r if isinstance(r, BaseException) else next(outcomes) for r in results]
-        failed = [(o, e) for o, e in zip(pending, errors) if isinstance(e, BaseException)]
+                sent.append(exc)
+        errors = await asyncio.gather(*(_failure(s) for s in sent))  # all in flight at once, then awaited
+        failed = [(o, e) for o, e in zip(pending, errors) if e is not None]
         for _, error in failed:
             if not is_transient(error):
                 raise error
@@ -115,6 +110,17 @@ async def deliver(outputs: list[Output], topics: dict[str, faust.TopicT]) -> Non
         elif failures:
             log.warning("kafka: written after %d retries", failures)
         pending = [o for o, _ in failed]
+
+
+async def _failure(sent: Awaitable[Any] | Exception) -> Exception | None:
+    """The error of one send (None once the broker has the record)."""
+    if isinstance(sent, Exception):
+        return sent
+    try:
+        await sent
+    except Exception as exc:
+        return exc
+    return None
 
 
 def give_up(what: str) -> NoReturn:

@@ -219,7 +219,7 @@ def featurize_records(records: Sequence[RawRecord], schema: Schema) -> tuple[Fea
     return FeatureBatch.concat(parts), rejected
 
 
-def unparsed_lines(record: RawRecord, lines: int, unparsed: list[tuple[int, bytes, Exception]]) -> Rejected:
+def unparsed_lines(record: RawRecord, lines: int, unparsed: Sequence[tuple[int, bytes, Exception]]) -> Rejected:
     """The lines of one record that are not JSON objects, as one dead letter: a megabyte of garbage is one
     entry a user can act on, not thousands (the record itself when no line parsed)."""
     if len(unparsed) == 1:

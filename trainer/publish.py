@@ -158,7 +158,7 @@ def take_snapshot(
         extra: dict[str, object] = {"workers": control.world, "merge_every_steps": settings.group.merge_every_steps}
         if publisher is not None:
             extra["mlflow_run_id"] = publisher.run_id
-        manifest = trainer.manifest(offsets, extra, events)  # one manifest for both artifacts
+        manifest = trainer.manifest(offsets, extra, events, counted.summary())  # one manifest for both artifacts
         path = trainer.save(settings.snapshot.dir, manifest=manifest, metrics=counted)  # sharded: the node's collective
         publication = trainer.publish_to(Path(settings.snapshot.dir) / "publications", manifest)
         if publisher is not None and path is not None and publication is not None:
@@ -182,12 +182,15 @@ def send_delta(
     changed = trainer.table.take_changed()  # every replica: what changed since the last publication
     trainer.newest_event_ms = max(control.gather(trainer.newest_event_ms))
     changes = trainer.changes(changed)  # with sharded rows: every rank's, on rank 0 (a collective)
+    group_metrics = merged_metrics(trainer.metrics).summary()  # a collective: the group's figures, as a base has them
     if publisher is None or publisher.base_path is None or changes is None:
         return
     table, changed = changes
     extra = {"mlflow_run_id": publisher.run_id, "workers": control.world}
     manifest = replace(
-        trainer.manifest(extra=extra, events=events), base_step=publisher.base_step, sequence=publisher.sequence + 1
+        trainer.manifest(extra=extra, events=events, metrics=group_metrics),
+        base_step=publisher.base_step,
+        sequence=publisher.sequence + 1,
     )
     folder = trainer.publish_delta_to(Path(settings.snapshot.dir) / "deltas", manifest, changed, table)
     try:

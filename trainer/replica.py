@@ -358,8 +358,14 @@ class Trainer:
 
     # --- snapshots ------------------------------------------------------------------------
     def manifest(
-        self, offsets: dict[int, int] | None = None, extra: dict[str, object] | None = None, events: int | None = None
+        self,
+        offsets: dict[int, int] | None = None,
+        extra: dict[str, object] | None = None,
+        events: int | None = None,
+        metrics: dict[str, float] | None = None,
     ) -> Manifest:
+        """This replica's state as a manifest; a group passes every replica's offsets, the job's
+        events and the group's metrics (metrics.merged_metrics)."""
         offsets = self.offsets if offsets is None else offsets
         return Manifest(
             schema_name=self.schema.name,
@@ -369,7 +375,7 @@ class Trainer:
             step=self.step,
             events=self.events if events is None else events,
             offsets={str(p): o for p, o in sorted(offsets.items())},
-            metrics=self.metrics.summary(),
+            metrics=self.metrics.summary() if metrics is None else metrics,
             created_ms=int(time.time() * 1000),
             extra=dict(extra or {}),
             newest_event_ms=self.newest_event_ms,

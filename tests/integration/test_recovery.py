@@ -26,7 +26,7 @@ from stream.replay import synthetic_records
 from stream.schema import load_schema
 from stream.synthetic import SyntheticCriteo
 from stream.topics import ensure_topics
-from trainer.snapshot import latest_snapshot
+from trainer.snapshot import latest_snapshot, read_manifest
 
 from .helpers import start_cli
 
@@ -152,6 +152,12 @@ def test_killed_replica_resumes_from_the_snapshot_with_no_record_lost(isolated: 
         np.testing.assert_allclose(got[key], ref[key], atol=1e-6, err_msg=key)
     final = latest_snapshot(Path(killed.trainer.snapshot.dir))
     assert final is not None and final.name == latest_snapshot(Path(reference.trainer.snapshot.dir)).name
+    # the metrics cover the whole stream across the restart, as the job that was never killed reports them
+    ref_metrics = read_manifest(latest_snapshot(Path(reference.trainer.snapshot.dir))).metrics
+    got_metrics = read_manifest(final).metrics
+    assert got_metrics["events"] == ref_metrics["events"] == len(produced) * EVENTS_PER_RECORD
+    for key in ("progressive_auc", "progressive_logloss", "progressive_ece"):
+        assert got_metrics[key] == pytest.approx(ref_metrics[key], abs=1e-6), key
 
     # the merged model is what the registry serves: the alias points at the final snapshot
     from mlflow import MlflowClient
