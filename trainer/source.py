@@ -102,6 +102,7 @@ class BatchSource:
         parts: list[FeatureBatch] = []
         records: list[tuple[int, int]] = []
         rows = 0
+        outage = False  # an error was logged and no record has come since
         last_data = time.monotonic() + max(first_wait_s - idle_s, 0.0)
         while True:
             messages = self.consumer.consume(256, timeout=0.1)
@@ -110,8 +111,13 @@ class BatchSource:
                 if error is not None:
                     if error.fatal():
                         raise TrainerError(f"kafka consumer on {self.kafka.batches_topic}: {error}")
-                    log.warning("kafka consumer on %s: %s (retrying)", self.kafka.batches_topic, error)
+                    if not outage:  # librdkafka retries by itself: one line per outage, not one per error
+                        log.warning("kafka consumer on %s: %s (retrying)", self.kafka.batches_topic, error)
+                    outage = True
                     continue
+                if outage:
+                    log.warning("kafka consumer on %s: reading again", self.kafka.batches_topic)
+                    outage = False
                 partition, offset = message.partition() or 0, message.offset() or 0
                 self.position[partition] = offset + 1
                 try:
