@@ -1,0 +1,283 @@
+"""Impressions + delayed clicks -> labelled events: the join's rules, as pure functions. (#26's core)
+
+An ad server logs an impression when it shows an ad; the click, if any, comes seconds to hours
+later on another stream. The joiner keeps one `Entry` per impression id (the state a key-partitioned
+store holds: its impression, whether it was clicked, what was already emitted) and moves it by
+three transitions, each a pure function of (entry, arrival or timer, settings):
+
+    on_impression(entry, impression)  an impression arrives (the entry may hold an early click)
+    on_click(entry, click)            a click arrives for that impression id
+    on_timer(entry, watermark)        event time passed the entry's `due` time
+
+Each returns a `Step`: the entry to store (None: forget the id), the labelled events to emit,
+the dead letters (clicks no impression claimed) and counters. Event time is the impressions'
+`ts`; the watermark is the newest impression time minus `allowed_lateness_ms` (the shell keeps it,
+and calls on_timer for every entry whose `due` it passed, in `due` order).
+
+Policies (`JoinSettings.policy`):
+- "window": a click within `window_ms` of its impression emits it labelled 1 at once; an
+  impression whose window closed unclicked is emitted labelled 0. Labels are final; negatives are
+  as stale as the window.
+- "fake_negative" (Ktena et al., RecSys 2019): every impression is emitted at once labelled 0; a
+  click within the window emits a positive copy. The trainer corrects the bias in its loss.
+- "elapsed" (ES-DFM's shape): an impression waits `elapsed_ms`, then is emitted with the label
+  seen by then; a click after that, within the window, emits a positive copy.
+A click after the window is a late click (counted; under fake_negative and elapsed it still emits a
+positive copy, a correction). A duplicate click counts once. A click with no impression yet is held
+for `allowed_lateness_ms` of event time (its impression may be late) and then dead-lettered. A closed
+entry is remembered until `window_ms + allowed_lateness_ms` after its window closed, so a late or
+duplicate click still finds it; then the id is forgotten.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field, replace
+
+from stream.errors import StreamError
+
+POLICIES = ("window", "fake_negative", "elapsed")
+
+# Emission.kind: what an emitted labelled event is, so the trainer can weight it and score each
+# impression once (its first emission) against its final label
+FINAL = "final"  # window: the one emission, with the final label
+FAKE_NEGATIVE = "fake_negative"  # fake_negative: the at-once emission, labelled 0
+ELAPSED = "elapsed"  # elapsed: the emission after elapsed_ms, with the label seen by then
+POSITIVE_COPY = "positive_copy"  # fake_negative / elapsed: a click inside the window, after the first emission
+LATE_POSITIVE = "late_positive"  # fake_negative / elapsed: a click after the window (a correction)
+FIRST_EMISSIONS = frozenset({FINAL, FAKE_NEGATIVE, ELAPSED})
+
+
+@dataclass(frozen=True)
+class JoinSettings:
+    policy: str = "window"  # "window", "fake_negative" or "elapsed": see the module docstring
+    window_ms: int = 30 * 60_000  # attribution window: a click counts if it comes this soon after its impression
+    allowed_lateness_ms: int = 60_000  # how far event time may run out of order (and an early click waits)
+    elapsed_ms: int = 60_000  # "elapsed": how long an impression waits for its click before it is emitted
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise StreamError(f"config stream.join.policy={self.policy!r}: use one of {list(POLICIES)}")
+        for name in ("window_ms", "allowed_lateness_ms", "elapsed_ms"):
+            if getattr(self, name) < 0:
+                raise StreamError(f"config stream.join.{name}={getattr(self, name)}: must be >= 0")
+        if self.policy == "elapsed" and self.elapsed_ms > self.window_ms:
+            raise StreamError(
+                f"config stream.join.elapsed_ms={self.elapsed_ms} is longer than window_ms={self.window_ms}: "
+                "an impression would be emitted after its window closed; lower elapsed_ms"
+            )
+
+
+@dataclass(frozen=True)
+class Impression:
+    impression_id: str
+    ts: int  # event time, ms
+    payload: bytes  # the event as it will be emitted, without its label (the shell adds it)
+
+
+@dataclass(frozen=True)
+class Click:
+    impression_id: str
+    ts: int  # click time, ms
+
+
+@dataclass(frozen=True)
+class Emission:
+    """A labelled event to emit: the impression's payload with `label`, and what kind of emission it is."""
+
+    impression_id: str
+    ts: int  # the impression's event time
+    label: int  # 0 or 1
+    kind: str  # FINAL, FAKE_NEGATIVE, ELAPSED, POSITIVE_COPY or LATE_POSITIVE
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class DeadClick:
+    click: Click
+    reason: str
+
+
+@dataclass(frozen=True)
+class Counts:
+    """What one step did, for the join_* metrics."""
+
+    late_clicks: int = 0  # clicks after their impression's window
+    duplicate_clicks: int = 0  # a second click of an impression already clicked
+    orphan_clicks: int = 0  # clicks dead-lettered: no impression came within the lateness allowance
+    duplicate_impressions: int = 0  # an impression id seen again (the second is dropped)
+
+    def __add__(self, other: Counts) -> Counts:
+        return Counts(*(a + b for a, b in zip(vars(self).values(), vars(other).values(), strict=True)))
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What the joiner keeps for one impression id. An entry with no impression holds an early click."""
+
+    impression: Impression | None = None
+    clicked: bool = False  # a click within the window was seen
+    emitted: bool = False  # its first emission is out (FAKE_NEGATIVE, ELAPSED or FINAL)
+    closed: bool = False  # its window is over: kept only to recognise late and duplicate clicks
+    early_click: Click | None = None  # a click that came before its impression
+    due: int = 0  # event time of this entry's next timer
+
+
+@dataclass(frozen=True)
+class Step:
+    entry: Entry | None  # what to store for the id (None: forget it)
+    emit: tuple[Emission, ...] = ()
+    dead: tuple[DeadClick, ...] = ()
+    counts: Counts = field(default_factory=Counts)
+
+
+def _emission(imp: Impression, label: int, kind: str) -> Emission:
+    return Emission(imp.impression_id, imp.ts, label, kind, imp.payload)
+
+
+def _closes(imp: Impression, s: JoinSettings) -> int:
+    return imp.ts + s.window_ms
+
+
+def _forget(imp: Impression, s: JoinSettings) -> int:
+    return imp.ts + 2 * s.window_ms + s.allowed_lateness_ms
+
+
+def on_impression(entry: Entry | None, imp: Impression, watermark: int, s: JoinSettings) -> Step:
+    """An impression arrives. A held early click labels it at once; under fake_negative it is emitted
+    at once as a negative. Its timer: the window's close (or elapsed_ms under "elapsed")."""
+    if entry is not None and entry.impression is not None:
+        return Step(entry, counts=Counts(duplicate_impressions=1))
+    fresh = Entry(impression=imp, due=imp.ts + s.elapsed_ms if s.policy == "elapsed" else _closes(imp, s))
+    emit: list[Emission] = []
+    if s.policy == "fake_negative":
+        emit.append(_emission(imp, 0, FAKE_NEGATIVE))
+        fresh = replace(fresh, emitted=True)
+    step = Step(fresh, tuple(emit))
+    if entry is not None and entry.early_click is not None:
+        clicked = on_click(fresh, entry.early_click, watermark, s)
+        step = Step(clicked.entry, step.emit + clicked.emit, clicked.dead, clicked.counts)
+    if step.entry is not None and step.entry.due <= watermark:  # arrived after its timer: run it now
+        timed = on_timer(step.entry, watermark, s)
+        step = Step(timed.entry, step.emit + timed.emit, step.dead + timed.dead, step.counts + timed.counts)
+    return step
+
+
+def on_click(entry: Entry | None, click: Click, watermark: int, s: JoinSettings) -> Step:
+    """A click arrives for an impression id."""
+    if entry is None or entry.impression is None:
+        if entry is not None and entry.early_click is not None:
+            return Step(entry, counts=Counts(duplicate_clicks=1))
+        # no impression yet: hold the click while its impression may still come
+        return Step(Entry(early_click=click, due=max(click.ts, watermark) + s.allowed_lateness_ms))
+    imp = entry.impression
+    if entry.clicked:
+        return Step(entry, counts=Counts(duplicate_clicks=1))
+    if click.ts - imp.ts > s.window_ms or entry.closed:  # after the window, or after it was closed: late
+        late = replace(entry, clicked=True)
+        if s.policy == "window":  # its label is 0, emitted or to be
+            return Step(late, counts=Counts(late_clicks=1))
+        first: tuple[Emission, ...] = ()
+        if not entry.emitted:  # "elapsed" whose timer has not fired yet: the label seen at elapsed_ms was 0
+            first = (_emission(imp, 0, ELAPSED),)
+            late = replace(late, emitted=True, due=_closes(imp, s))
+        return Step(late, (*first, _emission(imp, 1, LATE_POSITIVE)), counts=Counts(late_clicks=1))
+    clicked = replace(entry, clicked=True)
+    if s.policy == "window":  # the label is final: emit and close
+        return Step(_closed(clicked, s), (_emission(imp, 1, FINAL),))
+    if not entry.emitted:  # "elapsed" before its time: wait, the label at emission will be 1
+        return Step(clicked)
+    return Step(clicked, (_emission(imp, 1, POSITIVE_COPY),))
+
+
+def on_timer(entry: Entry, watermark: int, s: JoinSettings) -> Step:
+    """Event time passed entry.due: emit what is due, move the entry to its next timer or forget it."""
+    if entry.impression is None:  # an early click whose impression never came
+        assert entry.early_click is not None
+        reason = (
+            f"impression_id: no impression {entry.early_click.impression_id[:256]!r} came within "
+            "stream.join.allowed_lateness_ms of the click (or it is older than 2 x window_ms + the allowance)"
+        )
+        return Step(None, dead=(DeadClick(entry.early_click, reason),), counts=Counts(orphan_clicks=1))
+    imp = entry.impression
+    if entry.closed:
+        return Step(None)  # remembered long enough for late and duplicate clicks
+    if s.policy == "elapsed" and not entry.emitted:
+        emitted = replace(entry, emitted=True, due=_closes(imp, s))
+        step = Step(emitted, (_emission(imp, int(entry.clicked), ELAPSED),))
+        if emitted.due <= watermark:
+            later = on_timer(emitted, watermark, s)
+            return Step(later.entry, step.emit + later.emit)
+        return step
+    emit = () if entry.emitted else (_emission(imp, 0, FINAL),)  # "window": closed unclicked
+    return Step(_closed(entry, s), emit)
+
+
+def _closed(entry: Entry, s: JoinSettings) -> Entry:
+    """The entry once its window is over, kept to recognise late and duplicate clicks; under "window"
+    without its payload (no correction will be emitted), so it costs a few bytes."""
+    assert entry.impression is not None
+    imp = entry.impression if s.policy != "window" else replace(entry.impression, payload=b"")
+    return replace(entry, impression=imp, emitted=True, closed=True, due=_forget(entry.impression, s))
+
+
+def watermark_of(newest_ts: int, s: JoinSettings) -> int:
+    """Event time every later impression is assumed to be past: the newest impression time seen
+    minus the lateness allowance."""
+    return newest_ts - s.allowed_lateness_ms
+
+
+@dataclass(frozen=True)
+class Joined:
+    """All that a join of a whole stream produced (join_all)."""
+
+    emitted: tuple[Emission, ...]
+    dead: tuple[DeadClick, ...]
+    counts: Counts
+    pending: int  # entries still held at the end (a live joiner keeps them for later arrivals)
+
+
+def join_all(arrivals: list[Impression | Click], s: JoinSettings, flush: bool = False) -> Joined:
+    """The join of arrivals in the order given, held in a dict: the reference every joiner shell
+    (Kafka, disk-backed state) must equal. Each impression moves the watermark, then the timers it
+    passed fire in (due, id) order; with `flush`, event time finally runs past every timer (the end
+    of a bounded replay)."""
+    entries: dict[str, Entry] = {}
+    timers: list[tuple[int, str]] = []  # a heap of (due, id); stale ones (the entry moved on) are skipped
+    emitted: list[Emission] = []
+    dead: list[DeadClick] = []
+    counts = Counts()
+    newest = None
+
+    def apply(key: str, step: Step) -> None:
+        nonlocal counts
+        before = entries.get(key)
+        if step.entry is None:
+            entries.pop(key, None)
+        else:
+            entries[key] = step.entry
+            if before is None or before.due != step.entry.due:
+                heapq.heappush(timers, (step.entry.due, key))
+        emitted.extend(step.emit)
+        dead.extend(step.dead)
+        counts = counts + step.counts
+
+    def fire(watermark: int) -> None:
+        while timers and timers[0][0] <= watermark:
+            due, key = heapq.heappop(timers)
+            entry = entries.get(key)
+            if entry is not None and entry.due == due:
+                apply(key, on_timer(entry, watermark, s))
+
+    for arrival in arrivals:
+        watermark = watermark_of(newest, s) if newest is not None else -(1 << 62)
+        key = arrival.impression_id
+        if isinstance(arrival, Impression):
+            apply(key, on_impression(entries.get(key), arrival, watermark, s))
+            newest = arrival.ts if newest is None else max(newest, arrival.ts)
+            fire(watermark_of(newest, s))
+        else:
+            apply(key, on_click(entries.get(key), arrival, watermark, s))
+    if flush:
+        fire(1 << 62)
+    return Joined(tuple(emitted), tuple(dead), counts, len(entries))
