@@ -53,7 +53,10 @@ def plan_outputs(
     too_large: list[Rejected] = []
     for part in batch.split(batch_events):
         _fit_batch(part, max_bytes, batches, too_large)
-    letters = [dead_letter(bad, max_bytes, stage) for bad in [*rejected, *too_large]]
+    letters = [
+        dead_letter(bad.value, bad.reason, f"{bad.partition}:{bad.offset}", max_bytes, stage)
+        for bad in [*rejected, *too_large]
+    ]
     return [*batches, *letters]
 
 
@@ -75,16 +78,19 @@ def _fit_batch(part: FeatureBatch, max_bytes: int, out: list[Output], too_large:
         too_large.append(Rejected(int(part.partitions[0]), int(part.offsets[0]), value, reason))
 
 
-def dead_letter(bad: Rejected, max_bytes: int, stage: str = "stream") -> Output:
-    """The dead letter of a rejected record: its bytes and reason, cut to fit the message limit."""
+def dead_letter(
+    value: bytes, reason: str, source: str, max_bytes: int, stage: str = "stream", key: bytes | None = None
+) -> Output:
+    """The dead letter of a rejected record: its bytes, the reason and where it came from (`source`:
+    partition:offset on the events topic, or a log file's line), cut to fit the message limit."""
     headers = {
-        "reason": bad.reason[:MAX_REASON_CHARS].encode(),
+        "reason": reason[:MAX_REASON_CHARS].encode(),
         "stage": stage.encode(),
-        "source": f"{bad.partition}:{bad.offset}".encode(),
+        "source": source[:MAX_REASON_CHARS].encode(),
     }
-    letter = Output(DLQ, None, bad.value, headers, 0)
+    letter = Output(DLQ, key, value, headers, 0)
     if letter.size <= max_bytes:
         return letter
-    headers["truncated"] = str(len(bad.value)).encode()  # the whole record stays at `source`
-    room = max_bytes - Output(DLQ, None, b"", headers, 0).size
-    return Output(DLQ, None, bad.value[: max(room, 0)], headers, 0)
+    headers["truncated"] = str(len(value)).encode()  # the whole record stays at `source`
+    room = max_bytes - Output(DLQ, key, b"", headers, 0).size
+    return Output(DLQ, key, value[: max(room, 0)], headers, 0)

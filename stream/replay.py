@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 from stream.bundle import encode_table, event_table
 from stream.errors import StreamError
 from stream.logs import read_log
+from stream.outputs import RECORD_OVERHEAD, dead_letter
 from stream.schema import Schema
 from stream.settings import KafkaSettings
 
@@ -169,7 +170,13 @@ class KafkaWriter:
         if err is not None:
             self.errors.append(str(err))
 
-    def send(self, topic: str, value: bytes, key: bytes | None = None, headers: dict[str, str] | None = None) -> None:
+    def send(
+        self,
+        topic: str,
+        value: bytes,
+        key: bytes | None = None,
+        headers: dict[str, str] | dict[str, bytes] | None = None,
+    ) -> None:
         try:
             if headers is None:
                 self._producer.produce(topic, value, key)
@@ -266,8 +273,14 @@ def replay(
                 if limit is not None and events + skipped_events >= limit:
                     break
                 continue
-            if reason is not None:
-                send(kafka.dlq_topic, value, key, {"reason": reason, "stage": "replay"})
+            if reason is None and len(key) + len(value) + RECORD_OVERHEAD > kafka.max_message_bytes:
+                reason = (
+                    f"record: {len(value)} bytes ({count} events), over kafka.max_message_bytes="
+                    f"{kafka.max_message_bytes}; replay with a smaller --bundle"
+                )
+            if reason is not None:  # to the DLQ, cut to fit if it must be: a reject is never lost
+                letter = dead_letter(value, reason, key.decode(errors="replace"), kafka.max_message_bytes, "replay")
+                send(kafka.dlq_topic, letter.value, key, letter.headers)
                 rejected += 1
                 continue
             send(topic, value, key)

@@ -14,7 +14,7 @@ from stream.batch_codec import decode_batch
 from stream.bundle import encode_event_bundle, encode_table, event_table
 from stream.featurize import featurize_isolating, featurize_records
 from stream.outputs import BATCHES, DLQ, RECORD_OVERHEAD, dead_letter, plan_outputs
-from stream.records import RawRecord, Rejected
+from stream.records import RawRecord
 from stream.schema import load_schema
 from tests.helpers import criteo_event
 
@@ -48,11 +48,11 @@ def test_an_event_too_large_for_any_batch_is_a_dead_letter_naming_the_limit():
 
 def test_a_dead_letter_over_the_limit_keeps_the_first_bytes_and_says_where_the_rest_is():
     value = b"x" * (LIMIT + 5000)
-    letter = dead_letter(Rejected(1, 42, value, "record: not valid JSON"), LIMIT)
+    letter = dead_letter(value, "record: not valid JSON", "1:42", LIMIT)
     assert letter.size <= LIMIT
     assert letter.headers["truncated"] == str(len(value)).encode() and letter.headers["source"] == b"1:42"
     assert value.startswith(letter.value) and len(letter.value) > LIMIT - 1000
-    small = dead_letter(Rejected(1, 43, b"abc", "r" * 5000), LIMIT)
+    small = dead_letter(b"abc", "r" * 5000, "1:43", LIMIT)
     assert small.value == b"abc" and "truncated" not in small.headers
     assert len(small.headers["reason"]) == 1000  # a reason is cut, never the reason for a lost record
 

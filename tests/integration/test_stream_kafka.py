@@ -78,3 +78,27 @@ def test_replay_stream_batches_exact_and_dlq(isolated, tmp_path, workers):
     assert sum("expected 40 tsv columns, got 1" in r for r in reasons) == 6
     assert any("not valid JSON" in r for r in reasons) and any("label: missing" in r for r in reasons)
     assert "C1: must be up to 8 hex digits" in reasons
+
+
+def test_replay_sends_a_record_over_the_message_limit_to_the_dlq_naming_the_fix(isolated):
+    """A bundle over kafka.max_message_bytes is not produced (Kafka would refuse it): it goes to the
+    DLQ, cut to fit, with the reason and the fix; a bad log line over the limit is cut to fit too."""
+    from dataclasses import replace
+
+    from stream.replay import synthetic_records
+    from stream.synthetic import SyntheticCriteo
+
+    schema = load_schema()
+    kafka = replace(isolated.kafka, max_message_bytes=64 << 10)
+    ensure_topics(kafka)
+    events, _ = SyntheticCriteo(schema).generate(2048)
+    big = replay(synthetic_records(events, schema, bundle=1024), kafka, progress=False)  # ~400 KB each
+    assert big.events == 0 and big.rejected == 2
+    fits = replay(synthetic_records(events, schema, bundle=64), kafka, progress=False)
+    assert fits.events == 2048 and fits.rejected == 0
+    dlq = drain(kafka.bootstrap, kafka.dlq_topic, lambda m: len(m) >= 2, 60, f"d-{uuid.uuid4().hex[:6]}")
+    assert len(dlq) == 2
+    for message in dlq:
+        headers = dict(message.headers())
+        assert "replay with a smaller --bundle" in headers["reason"].decode() and headers["stage"] == b"replay"
+        assert int(headers["truncated"]) > kafka.max_message_bytes >= len(message.value())
