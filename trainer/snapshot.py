@@ -180,7 +180,7 @@ def _fsync(path: Path) -> None:
 def check_writable(root: str | Path) -> None:
     """Fail at start, not at the first snapshot minutes later, when the snapshot folder cannot be
     made or written (read-only, full, a file in the way)."""
-    probe = Path(root) / ".adstream-write-check"
+    probe = Path(root) / f".adstream-write-check-{os.getpid()}"  # one per process: replicas check at once
     try:
         Path(root).mkdir(parents=True, exist_ok=True)
         probe.write_bytes(b"\0" * 4096)
