@@ -1,9 +1,9 @@
-"""Faults on the real broker, MLflow and processes: the broker SIGKILLed and restarted in the
-middle of a replay (the replay finishes by itself and every event is on the topic exactly once:
-the idempotent producer retries what was in flight and the broker drops the duplicates); the
-broker SIGKILLed and restarted under a running featurizer and trainer (both carry on by themselves
-and every event is learned); the publishing trainer SIGKILLed in the middle of a delta (serving
-never sees a torn one)."""
+"""Faults on the real broker, MLflow and processes: the broker SIGKILLed in the middle of a replay,
+for a moment and for over a minute (the replay finishes by itself and every event is on the topic
+exactly once), and a replay resumed after it stopped early (`--resume`: nothing twice); the broker
+SIGKILLed and restarted under a running featurizer and trainer (both carry on by themselves, the
+trainer's commit riding out NOT_COORDINATOR, and every event is learned); the publishing trainer
+SIGKILLed in the middle of a delta (serving never sees a torn one)."""
 
 from __future__ import annotations
 
@@ -31,31 +31,40 @@ EVENTS = 60_000
 HALF = 10_000  # events replayed before the broker kill, and again after it
 
 
-def test_replay_survives_a_broker_kill_with_every_event_once(isolated, tmp_path):
+@pytest.mark.parametrize(
+    "events, rate, down_s",
+    [(EVENTS, 10_000, 1.0), (20_000, 8_000, 65.0)],
+    ids=["a-3s-outage", "an-outage-longer-than-a-minute"],
+)
+def test_replay_waits_out_a_broker_outage_with_every_event_once(isolated, tmp_path, events, rate, down_s):
+    """The broker SIGKILLed in the middle of a replay and started again after down_s: the replay
+    waits (as long as the producer's own delivery timeout, 300 s, so past a minute too) and ends
+    with every event on the topic exactly once (the idempotent producer retries what was in flight
+    and the broker drops the duplicates)."""
     schema = load_schema()
     kafka = isolated.kafka
     ensure_topics(kafka)
-    events, _ = SyntheticCriteo(schema).generate(EVENTS)
+    generated, _ = SyntheticCriteo(schema).generate(events)
     done: dict[str, object] = {}
 
     def run() -> None:
         try:
-            done["summary"] = replay(synthetic_records(events, schema), kafka, rate=10_000, progress=False)
+            done["summary"] = replay(synthetic_records(generated, schema), kafka, rate=rate, progress=False)
         except Exception as exc:  # reported below
             done["error"] = exc
 
     producer = threading.Thread(target=run)
     producer.start()
-    time.sleep(2.0)  # a part of the events is on the broker, the rest to come
-    restart_broker(isolated)
-    producer.join(240)
+    time.sleep(1.0)  # a part of the events is on the broker, the rest to come
+    restart_broker(isolated, down_s=down_s)
+    producer.join(300)
     assert not producer.is_alive() and "error" not in done, done.get("error")
-    assert done["summary"].events == EVENTS  # type: ignore[attr-defined]
+    assert done["summary"].events == events  # type: ignore[attr-defined]
 
     group = f"c-{uuid.uuid4().hex[:6]}"
-    ids = [m.key() for m in drain(kafka.bootstrap, kafka.events_topic, lambda m: len(m) >= EVENTS, 120, group)]
-    assert len(set(ids)) == EVENTS  # every event
-    assert topic_size(kafka) == EVENTS  # and nothing twice: the log holds exactly that many records
+    ids = [m.key() for m in drain(kafka.bootstrap, kafka.events_topic, lambda m: len(m) >= events, 120, group)]
+    assert len(set(ids)) == events  # every event
+    assert topic_size(kafka) == events  # and nothing twice: the log holds exactly that many records
 
 
 def restart_broker(config, down_s: float = 1.0) -> None:
@@ -78,33 +87,6 @@ def kill_broker(config) -> None:
     deadline = time.monotonic() + 30
     while port_open(config.stack.kafka_port) and time.monotonic() < deadline:
         time.sleep(0.1)
-
-
-def test_replay_waits_out_a_broker_outage_longer_than_a_minute(isolated, tmp_path):
-    """The broker gone for 65 s in the middle of a replay: the replay waits (as long as the
-    producer's own delivery timeout) and ends with every event on the topic exactly once."""
-    schema = load_schema()
-    kafka = isolated.kafka
-    ensure_topics(kafka)
-    events, _ = SyntheticCriteo(schema).generate(20_000)
-    done: dict[str, object] = {}
-
-    def run() -> None:
-        try:
-            done["summary"] = replay(synthetic_records(events, schema), kafka, rate=8_000, progress=False)
-        except Exception as exc:  # reported below
-            done["error"] = exc
-
-    producer = threading.Thread(target=run)
-    producer.start()
-    time.sleep(1.0)
-    restart_broker(isolated, down_s=65.0)
-    producer.join(300)
-    assert not producer.is_alive() and "error" not in done, done.get("error")
-    assert done["summary"].events == len(events)  # type: ignore[attr-defined]
-    group = f"c-{uuid.uuid4().hex[:6]}"
-    ids = [m.key() for m in drain(kafka.bootstrap, kafka.events_topic, lambda m: len(m) >= len(events), 120, group)]
-    assert len(set(ids)) == len(events) and topic_size(kafka) == len(events)
 
 
 def test_replay_resume_sends_only_what_the_topics_lack(isolated, tmp_path):

@@ -49,6 +49,27 @@ def fuzzed(i: int, rng: np.random.Generator, fields: list[str]) -> bytes:
     return json.dumps(event).encode() if kind == 7 else orjson.dumps(event)  # orjson stops at 64 bits
 
 
+def featurized(config, tmp_path, events: int, letters: int) -> tuple[list, list]:
+    """Run the featurizer (`adstream stream`) until the batches topic holds `events` events and the
+    DLQ `letters` records (or the timeouts); the messages of both. The worker must still be running."""
+    worker, log = start_cli(config, tmp_path, "stream")
+    kafka = config.kafka
+    try:
+        batches = drain(
+            kafka.bootstrap,
+            kafka.batches_topic,
+            lambda m: sum(len(decode_batch(x.value())) for x in m) >= events,
+            180,
+            f"check-{uuid.uuid4().hex[:6]}",
+        )
+        dlq = drain(kafka.bootstrap, kafka.dlq_topic, lambda m: len(m) >= letters, 120, f"d-{uuid.uuid4().hex[:6]}")
+        time.sleep(1)  # and a moment later the worker is still up
+        assert worker.poll() is None, f"the featurizer died:\n{log.read_text()[-3000:]}"
+    finally:
+        stop_process(worker)
+    return batches, dlq
+
+
 def good_id(value: bytes, schema) -> str | None:
     """The event id the stream's decoder reads from the record, or None if it rejects it."""
     try:
@@ -74,19 +95,7 @@ def test_ten_thousand_fuzzed_events_good_ones_in_batches_bad_ones_in_the_dlq(iso
         writer.send(kafka.events_topic, value, f"f{i}".encode())
     writer.flush()
 
-    worker, log = start_cli(isolated, tmp_path, "stream")
-    try:
-        batches = drain(
-            kafka.bootstrap,
-            kafka.batches_topic,
-            lambda m: sum(len(decode_batch(x.value())) for x in m) >= len(good),
-            180,
-            f"check-{uuid.uuid4().hex[:6]}",
-        )
-        dlq = drain(kafka.bootstrap, kafka.dlq_topic, lambda m: len(m) >= bad, 120, f"check-{uuid.uuid4().hex[:6]}")
-        assert worker.poll() is None, f"the featurizer died:\n{log.read_text()[-3000:]}"
-    finally:
-        stop_process(worker)
+    batches, dlq = featurized(isolated, tmp_path, len(good), bad)
     ids = [e for m in batches for e in decode_batch(m.value()).event_ids]
     assert len(ids) == len(good) and set(ids) == good
     assert len(dlq) == bad
@@ -153,26 +162,7 @@ def test_the_probes_shapes_each_end_in_exactly_one_of_the_two_topics(isolated, t
         )
     }
     wanted_ids = set().union(*good.values())
-    worker, log = start_cli(config, tmp_path, "stream")
-    try:
-        batches = drain(
-            kafka.bootstrap,
-            kafka.batches_topic,
-            lambda m: sum(len(decode_batch(x.value())) for x in m) >= len(wanted_ids),
-            180,
-            f"check-{uuid.uuid4().hex[:6]}",
-        )
-        dlq = drain(
-            kafka.bootstrap,
-            kafka.dlq_topic,
-            lambda m: len(m) >= sum(letters.values()),
-            120,
-            "d-" + uuid.uuid4().hex[:6],
-        )
-        time.sleep(2)
-        assert worker.poll() is None, f"the featurizer died:\n{log.read_text()[-3000:]}"
-    finally:
-        stop_process(worker)
+    batches, dlq = featurized(config, tmp_path, len(wanted_ids), sum(letters.values()))
     ids = [e for m in batches for e in decode_batch(m.value()).event_ids]
     assert len(ids) == len(set(ids)) == len(wanted_ids) and set(ids) == wanted_ids
     assert max(len(m.value()) for m in batches) <= kafka.max_message_bytes
