@@ -43,3 +43,57 @@ def collective_then_sockets() -> list[str]:
 def test_a_local_group_listens_on_loopback_only():
     for addresses in launch_local(collective_then_sockets, 2):
         assert all(a in LOOPBACK for a in addresses), addresses
+
+
+PEER = """
+import sys, time
+import torch, torch.distributed as dist
+from trainer.group import in_group
+
+def work(rank, world):
+    if rank == 0:
+        raise ValueError("rank 0 fails before its first collective")
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(1))
+    except RuntimeError:
+        print(f"peer failed after {time.monotonic() - start:.1f}s")
+        sys.exit(3)
+
+in_group("cpu", work)
+"""
+
+
+def test_a_rank_that_fails_lets_its_peers_fail_at_once_not_after_the_collective_timeout(tmp_path):
+    """A rank's error abandons the group (no barrier): its peer's collective fails in seconds, and a
+    supervisor can restart the group, instead of both waiting out COLLECTIVE_TIMEOUT (5 minutes)."""
+    import subprocess
+    import sys
+    import time
+
+    from trainer.group import group_env, new_store_file, remove_store_file
+
+    store = new_store_file()
+    root = Path(__file__).resolve().parent.parent
+    start = time.monotonic()
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        procs += [
+            subprocess.Popen(
+                [sys.executable, "-c", PEER],
+                env={**os.environ, **group_env(rank, 2, store), "PYTHONPATH": str(root)},
+                cwd=root,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+            for rank in range(2)
+        ]
+        outputs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+        remove_store_file(store)
+    assert [p.returncode for p in procs] == [1, 3]  # rank 0 raised; rank 1's collective failed
+    assert "peer failed after" in outputs[1] and time.monotonic() - start < 60

@@ -23,7 +23,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -31,6 +31,7 @@ import torch.distributed as dist
 from trainer.errors import TrainerError
 
 log = logging.getLogger("adstream.trainer")
+T = TypeVar("T")
 GROUP_STORE_ENV = "ADSTREAM_GROUP_STORE"  # a local group's FileStore path (group_env); absent under torchrun
 COLLECTIVE_TIMEOUT = timedelta(minutes=5)  # a peer silent this long fails the collective (and the replica)
 
@@ -94,14 +95,38 @@ def join_group(device: str = "cpu") -> tuple[int, int]:
 
 
 def leave_group() -> None:
-    """Leave together: a rank that tears the group down while a peer still uses it (rank 0 hosts
-    the rendezvous store) can abort the peer's exit."""
+    """Leave together, after the work is done: a rank that tears the group down while a peer still
+    uses it can abort the peer's exit."""
     if dist.is_initialized():
         try:
             dist.barrier()
         except RuntimeError:  # a peer is already gone (a crash); nothing to wait for
             pass
         dist.destroy_process_group()
+
+
+def abandon_group() -> None:
+    """Leave at once, on an error: no barrier, since the peers may be inside another collective and
+    would hold this rank for the whole COLLECTIVE_TIMEOUT. Closing the connections makes their
+    collective fail now, and the supervisor restarts the group."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def in_group(device: str, work: Callable[[int, int], T]) -> T:
+    """work(rank, world) inside the group the environment describes (joined here unless already
+    joined): left together when it returns, abandoned at once when it raises."""
+    joined_here = not dist.is_initialized()
+    rank, world = join_group(device)
+    try:
+        result = work(rank, world)
+    except BaseException:
+        if joined_here:
+            abandon_group()
+        raise
+    if joined_here:
+        leave_group()
+    return result
 
 
 def free_port() -> int:
@@ -140,13 +165,10 @@ def _entry(
 ) -> None:
     os.environ.update(group_env(rank, world, store_file))
     try:
-        join_group(device)
-        queue.put((rank, None, fn(*args)))
+        queue.put((rank, None, in_group(device, lambda r, w: fn(*args))))
     except BaseException:
         queue.put((rank, traceback.format_exc(), None))
         raise
-    finally:
-        leave_group()
 
 
 def launch_local(fn: Callable[..., Any], world: int, *args: Any, device: str = "cpu", timeout_s: float = 600) -> list:

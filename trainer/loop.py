@@ -25,13 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch.distributed as dist
 from prometheus_client import Gauge, start_http_server
 
 from adstream.checks import flat_fields
 from stream.schema import Schema
 from stream.settings import KafkaSettings
-from trainer.group import Control, join_group, leave_group, local_gpu
+from trainer.group import Control, in_group, local_gpu
 from trainer.metrics import ProgressiveMetrics, merged_summary
 from trainer.publish import send_delta, take_snapshot
 from trainer.replica import Trainer, store_path
@@ -85,13 +84,12 @@ def run_training(
 ) -> TrainSummary:
     """Train from the batches topic until a stop condition; merge, snapshot and publish on the way
     and at the end. Joins the process group the environment describes (see group.py)."""
-    joined_here = not dist.is_initialized()
-    rank, world = join_group(settings.device)
-    try:
-        return _run(schema, kafka, settings, mlflow, rank, world, max_steps, max_events, idle_exit_s, progress)
-    finally:
-        if joined_here:
-            leave_group()
+    return in_group(
+        settings.device,
+        lambda rank, world: _run(
+            schema, kafka, settings, mlflow, rank, world, max_steps, max_events, idle_exit_s, progress
+        ),
+    )
 
 
 def _run(
