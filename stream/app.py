@@ -1,7 +1,8 @@
-"""The Faust featurizer: a thin agent around featurize.featurize_records.
+"""The Faust featurizer: a thin agent around featurize_isolating -> plan_outputs -> deliver.
 
-adstream.events --take_events(n, within)--> featurize_records --> adstream.batches (Arrow IPC)
-                                                              \--> adstream.events.dlq (reason header)
+adstream.events --take_events(n, within)--> featurize_isolating --> plan_outputs --> adstream.batches (Arrow IPC)
+                                                                                \--> adstream.events.dlq (headers
+                                                                                     reason, stage, source)
 Records are read as raw bytes (one event or a newline-separated bundle); the agent never raises
 on input, so one bad event cannot stop it. Every output is sized to fit the message limit before it
 is sent (outputs.py), and a take is acknowledged only once all its outputs are on the broker.
