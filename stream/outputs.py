@@ -39,9 +39,13 @@ class Output:
 
     @property
     def size(self) -> int:
-        """The bytes Kafka counts against the message limit, overhead included."""
-        header_bytes = sum(len(k) + len(v) for k, v in self.headers.items())
-        return len(self.key or b"") + len(self.value) + header_bytes + RECORD_OVERHEAD
+        return record_size(self.key, self.value, self.headers)
+
+
+def record_size(key: bytes | None, value: bytes, headers: dict[str, bytes] | None = None) -> int:
+    """The bytes Kafka counts against the message limit for one record, overhead included."""
+    header_bytes = sum(len(k) + len(v) for k, v in (headers or {}).items())
+    return len(key or b"") + len(value) + header_bytes + RECORD_OVERHEAD
 
 
 def plan_outputs(

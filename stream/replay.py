@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from stream.bundle import encode_table, event_table
 from stream.errors import StreamError
 from stream.logs import read_log
-from stream.outputs import RECORD_OVERHEAD, dead_letter
+from stream.outputs import dead_letter, record_size
 from stream.schema import Schema
 from stream.settings import KafkaSettings
 
@@ -206,7 +206,7 @@ class KafkaWriter:
             )
 
 
-def held_keys(kafka: KafkaSettings, topics: Iterable[str], progress: bool = False) -> set[bytes]:
+def held_keys(kafka: KafkaSettings, topics: Iterable[str]) -> set[bytes]:
     """The keys of every record the topics hold now (events: the event id, or a bundle's first
     event id; replay's dead letters: where the line was), read from the start up to each
     partition's end as it is now. What `--resume` skips."""
@@ -273,14 +273,16 @@ def replay(
                 if limit is not None and events + skipped_events >= limit:
                     break
                 continue
-            if reason is None and len(key) + len(value) + RECORD_OVERHEAD > kafka.max_message_bytes:
+            if reason is None and record_size(key, value) > kafka.max_message_bytes:
                 reason = (
                     f"record: {len(value)} bytes ({count} events), over kafka.max_message_bytes="
                     f"{kafka.max_message_bytes}; replay with a smaller --bundle"
                 )
             if reason is not None:  # to the DLQ, cut to fit if it must be: a reject is never lost
-                letter = dead_letter(value, reason, key.decode(errors="replace"), kafka.max_message_bytes, "replay")
-                send(kafka.dlq_topic, letter.value, key, letter.headers)
+                letter = dead_letter(
+                    value, reason, key.decode(errors="replace"), kafka.max_message_bytes, "replay", key
+                )
+                send(kafka.dlq_topic, letter.value, letter.key, letter.headers)
                 rejected += 1
                 continue
             send(topic, value, key)

@@ -46,8 +46,6 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
         error = exc.args[0]
         return bool(error.retriable()) or error.name() in TRANSIENT_NAMES
-    if isinstance(exc, KafkaError):
-        return bool(exc.retriable()) or exc.name() in TRANSIENT_NAMES
     return _aiokafka_transient(exc) or (exc.__cause__ is not None and _aiokafka_transient(exc.__cause__))
 
 
