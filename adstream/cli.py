@@ -13,6 +13,7 @@ from adstream.commands import (
     cmd_bench,
     cmd_demo,
     cmd_down,
+    cmd_join,
     cmd_predict,
     cmd_replay,
     cmd_serve,
@@ -71,7 +72,23 @@ def build_parser() -> argparse.ArgumentParser:
         default="json",
         help="bundle encoding: newline-separated JSON or an Arrow batch",
     )
+    p.add_argument(
+        "--clicks",
+        action="store_true",
+        help="log as an ad server does: unlabelled impressions and delayed clicks, to the joiner's two topics",
+    )
+    p.add_argument(
+        "--event-rate",
+        type=float,
+        help="--clicks: impressions per event-time second (event time is rewritten; default: the rows' own times)",
+    )
     p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("join", help="run the joiner: impressions + clicks -> labelled events, exactly once")
+    p.add_argument(
+        "--workers", type=int, default=1, help="joiner processes; they split the partitions (worker i: p %% N == i)"
+    )
+    p.set_defaults(func=cmd_join)
 
     p = sub.add_parser("stream", help="run the Faust featurizer: events -> Arrow batches (+ DLQ)")
     p.add_argument("--loglevel", default="warning")

@@ -78,7 +78,11 @@ def cmd_replay(args: argparse.Namespace) -> None:
     config = _config(args)
     schema = _schema(config)
     ensure_topics(config.kafka)
-    if args.synthetic:
+    if args.clicks:
+        if args.resume:
+            raise CliError("replay --clicks --resume: not supported (clicks are keyed by impression id); replay anew")
+        records, total = _impressions_and_clicks(args, config, schema)
+    elif args.synthetic:
         generator = SyntheticCriteo(schema, SyntheticConfig(seed=args.seed, drift_per_million=args.drift))
 
         def chunks() -> Any:
@@ -101,6 +105,83 @@ def cmd_replay(args: argparse.Namespace) -> None:
         print(f"resume: the topics hold {len(skip)} record keys; those are skipped", file=sys.stderr)
     summary = replay(records, config.kafka, rate=args.rate, limit=args.limit, total=total, skip=skip)
     print(json.dumps(asdict(summary)))
+
+
+def _impressions_and_clicks(args: argparse.Namespace, config: Config, schema: Schema) -> tuple[Any, int | None]:
+    """replay --clicks: the labelled rows (synthetic or a log) as impressions + delayed clicks."""
+    import numpy as np
+
+    from stream.bundle import event_table
+    from stream.clicks import Split, interleave, split_clicks
+    from stream.logs import read_log
+    from stream.replay import ReplayRecord
+    from stream.synthetic import SyntheticConfig, SyntheticCriteo
+
+    rng = np.random.default_rng(args.seed + 101)
+    join = config.stream.join
+    if args.synthetic:
+        generator = SyntheticCriteo(schema, SyntheticConfig(seed=args.seed, drift_per_million=args.drift))
+
+        def splits() -> Any:
+            left, done = args.synthetic, 0
+            while left > 0:
+                events, _ = generator.generate(min(left, 10_000))
+                table = event_table(events, schema)
+                yield split_clicks(table, schema, rng, event_rate=args.event_rate, start_ms=_start(args, done))
+                left, done = left - len(events), done + len(events)
+
+        source, total = splits(), args.synthetic
+    elif args.paths:
+
+        def splits() -> Any:
+            done = 0
+            for block in read_log(args.paths, schema, args.loop):
+                for bad in block.bad:
+                    yield ReplayRecord(bad.where.encode(), bad.raw, 0, f"{bad.where}: {bad.reason}")
+                split: Split = split_clicks(
+                    block.good, schema, rng, event_rate=args.event_rate, start_ms=_start(args, done)
+                )
+                done += block.good.num_rows
+                yield split
+
+        source, total = splits(), None
+    else:
+        raise CliError("replay --clicks: give labelled log file(s) or --synthetic N")
+    if join.click_impression_id != "impression_id" or join.click_time != "ts":
+        raise CliError(
+            "replay --clicks writes clicks as {impression_id, ts}; leave stream.join.click_* at their defaults"
+        )
+    kafka = config.kafka
+    partitions = _partitions(config, kafka.impressions_topic)
+    records = interleave(
+        source, schema, kafka.impressions_topic, kafka.clicks_topic, partitions, args.bundle, args.bundle_format
+    )
+    return records, total
+
+
+def _partitions(config: Config, topic: str) -> int:
+    from confluent_kafka.admin import AdminClient
+
+    metadata = AdminClient({"bootstrap.servers": config.kafka.bootstrap}).list_topics(topic, timeout=30)
+    return len(metadata.topics[topic].partitions) or config.kafka.partitions
+
+
+def _start(args: argparse.Namespace, done: int) -> int | None:
+    """The event time of row `done` under --event-rate (rows of every block on one clock)."""
+    from stream.synthetic import SyntheticConfig
+
+    if args.event_rate is None:
+        return None
+    return SyntheticConfig().start_ms + int(done * 1000 / args.event_rate)
+
+
+def cmd_join(args: argparse.Namespace) -> None:
+    from stream.joiner import run_joiners
+
+    config = _config(args)
+    if args.workers < 1:
+        raise CliError(f"join --workers {args.workers}: use 1 or more worker processes")
+    sys.exit(run_joiners(config.kafka, config.stream, args.workers))
 
 
 def cmd_stream(args: argparse.Namespace) -> None:

@@ -161,10 +161,7 @@ def run_workers(kafka: KafkaSettings, settings: StreamSettings, workers: int, lo
     """Run `workers` Faust workers of the one app (one process each; Kafka splits the partitions
     between them, so more workers than partitions leaves some idle). Returns when one exits (the
     others are stopped) or on SIGINT/SIGTERM; the exit code is the first non-zero child's."""
-    import multiprocessing
-    import signal
-    import time
-
+    from stream.children import run_children
     from stream.topics import ensure_topics
 
     ensure_topics(kafka)
@@ -172,32 +169,8 @@ def run_workers(kafka: KafkaSettings, settings: StreamSettings, workers: int, lo
         log.warning(
             "%d workers for %d partitions: %d will be idle", workers, kafka.partitions, workers - kafka.partitions
         )
-    context = multiprocessing.get_context("spawn")
-    children = []
+    args = []
     for i in range(workers):
         port = settings.metrics_port + i if settings.metrics_port else 0
-        child = context.Process(
-            target=run_worker, args=(kafka, replace(settings, metrics_port=port, workers=1), loglevel)
-        )
-        child.start()
-        children.append(child)
-    stopping = False
-
-    def stop(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    while not stopping and all(c.is_alive() for c in children):
-        time.sleep(0.2)
-    for child in children:
-        if child.is_alive():
-            child.terminate()  # SIGTERM: Faust leaves the group cleanly
-    for child in children:
-        child.join(30)
-        if child.is_alive():
-            child.kill()
-            child.join()
-    codes = [c.exitcode or 0 for c in children]
-    return 0 if stopping else next((c for c in codes if c), 0)
+        args.append((kafka, replace(settings, metrics_port=port, workers=1), loglevel))
+    return run_children(run_worker, args)

@@ -18,6 +18,10 @@ do work the featurizer does not need:
 Measured with one event per record (bench pipeline's Faust worker, 2 cores): 8.6k events/s before,
 14k with the transport and uvloop, 15-16k with the quiet monitor too.
 
+The transport also reads the events topic with isolation level read_committed: the joiner
+(stream/joiner.py) writes its labelled events in Kafka transactions, and a record of an aborted
+one must not be featurized.
+
 The transport is registered as Faust's "adstream" transport (pyproject.toml, entry point group
 faust.transports): the featurizer's broker URL is adstream://host:port.
 """
@@ -35,6 +39,13 @@ from mode.utils.times import Seconds
 
 
 class Consumer(aiokafka.Consumer):
+    def _create_worker_consumer(self, transport: aiokafka.Transport) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        # the joiner writes labelled events in transactions: an aborted one must never be featurized
+        # (Faust reads committed only under its own exactly-once guarantee, which this app does not use)
+        consumer._isolation_level = "read_committed"
+        return consumer
+
     async def wait_first(self, *coros: WaitArgT, timeout: Seconds = None) -> WaitResults:  # type: ignore[assignment]
         delivery = coros[0]
         if len(coros) == 2 and self._delivering(coros[1]) and not isinstance(delivery, Event):

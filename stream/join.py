@@ -14,7 +14,7 @@ the dead letters (clicks no impression claimed) and counters. Event time is the 
 `ts`; the watermark is the newest impression time minus `allowed_lateness_ms` (the shell keeps it,
 and calls on_timer for every entry whose `due` it passed, in `due` order).
 
-Policies (`JoinSettings.policy`):
+Policies (`JoinRules.policy`):
 - "window": a click within `window_ms` of its impression emits it labelled 1 at once; an
   impression whose window closed unclicked is emitted labelled 0. Labels are final; negatives are
   as stale as the window.
@@ -32,6 +32,7 @@ duplicate click still finds it; then the id is forgotten.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from stream.errors import StreamError
@@ -49,7 +50,7 @@ FIRST_EMISSIONS = frozenset({FINAL, FAKE_NEGATIVE, ELAPSED})
 
 
 @dataclass(frozen=True)
-class JoinSettings:
+class JoinRules:
     policy: str = "window"  # "window", "fake_negative" or "elapsed": see the module docstring
     window_ms: int = 30 * 60_000  # attribution window: a click counts if it comes this soon after its impression
     allowed_lateness_ms: int = 60_000  # how far event time may run out of order (and an early click waits)
@@ -60,11 +61,12 @@ class JoinSettings:
             raise StreamError(f"config stream.join.policy={self.policy!r}: use one of {list(POLICIES)}")
         for name in ("window_ms", "allowed_lateness_ms", "elapsed_ms"):
             if getattr(self, name) < 0:
-                raise StreamError(f"config stream.join.{name}={getattr(self, name)}: must be >= 0")
+                raise StreamError(f"config stream.join.{name[:-3]}_s={getattr(self, name) / 1000}: must be >= 0")
         if self.policy == "elapsed" and self.elapsed_ms > self.window_ms:
             raise StreamError(
-                f"config stream.join.elapsed_ms={self.elapsed_ms} is longer than window_ms={self.window_ms}: "
-                "an impression would be emitted after its window closed; lower elapsed_ms"
+                f"config stream.join.elapsed_s={self.elapsed_ms / 1000} is longer than "
+                f"window_s={self.window_ms / 1000}: an impression would be emitted after its window closed; "
+                "lower elapsed_s"
             )
 
 
@@ -135,15 +137,15 @@ def _emission(imp: Impression, label: int, kind: str) -> Emission:
     return Emission(imp.impression_id, imp.ts, label, kind, imp.payload)
 
 
-def _closes(imp: Impression, s: JoinSettings) -> int:
+def _closes(imp: Impression, s: JoinRules) -> int:
     return imp.ts + s.window_ms
 
 
-def _forget(imp: Impression, s: JoinSettings) -> int:
+def _forget(imp: Impression, s: JoinRules) -> int:
     return imp.ts + 2 * s.window_ms + s.allowed_lateness_ms
 
 
-def on_impression(entry: Entry | None, imp: Impression, watermark: int, s: JoinSettings) -> Step:
+def on_impression(entry: Entry | None, imp: Impression, watermark: int, s: JoinRules) -> Step:
     """An impression arrives. A held early click labels it at once; under fake_negative it is emitted
     at once as a negative. Its timer: the window's close (or elapsed_ms under "elapsed")."""
     if entry is not None and entry.impression is not None:
@@ -163,7 +165,7 @@ def on_impression(entry: Entry | None, imp: Impression, watermark: int, s: JoinS
     return step
 
 
-def on_click(entry: Entry | None, click: Click, watermark: int, s: JoinSettings) -> Step:
+def on_click(entry: Entry | None, click: Click, watermark: int, s: JoinRules) -> Step:
     """A click arrives for an impression id."""
     if entry is None or entry.impression is None:
         if entry is not None and entry.early_click is not None:
@@ -190,7 +192,7 @@ def on_click(entry: Entry | None, click: Click, watermark: int, s: JoinSettings)
     return Step(clicked, (_emission(imp, 1, POSITIVE_COPY),))
 
 
-def on_timer(entry: Entry, watermark: int, s: JoinSettings) -> Step:
+def on_timer(entry: Entry, watermark: int, s: JoinRules) -> Step:
     """Event time passed entry.due: emit what is due, move the entry to its next timer or forget it."""
     if entry.impression is None:  # an early click whose impression never came
         assert entry.early_click is not None
@@ -213,7 +215,7 @@ def on_timer(entry: Entry, watermark: int, s: JoinSettings) -> Step:
     return Step(_closed(entry, s), emit)
 
 
-def _closed(entry: Entry, s: JoinSettings) -> Entry:
+def _closed(entry: Entry, s: JoinRules) -> Entry:
     """The entry once its window is over, kept to recognise late and duplicate clicks; under "window"
     without its payload (no correction will be emitted), so it costs a few bytes."""
     assert entry.impression is not None
@@ -221,7 +223,7 @@ def _closed(entry: Entry, s: JoinSettings) -> Entry:
     return replace(entry, impression=imp, emitted=True, closed=True, due=_forget(entry.impression, s))
 
 
-def watermark_of(newest_ts: int, s: JoinSettings) -> int:
+def watermark_of(newest_ts: int, s: JoinRules) -> int:
     """Event time every later impression is assumed to be past: the newest impression time seen
     minus the lateness allowance."""
     return newest_ts - s.allowed_lateness_ms
@@ -237,47 +239,94 @@ class Joined:
     pending: int  # entries still held at the end (a live joiner keeps them for later arrivals)
 
 
-def join_all(arrivals: list[Impression | Click], s: JoinSettings, flush: bool = False) -> Joined:
+class Cursor:
+    """One partition's join in motion: applies arrivals to the entries of a store (`get(id)`,
+    `put(id, entry or None)`: a dict for join_all, RocksDB for the joiner) and fires timers in
+    (due, id) order as the watermark passes them. What each step emits gathers in `emitted`,
+    `dead` and `counts` until the caller takes them (`take`)."""
+
+    def __init__(
+        self,
+        rules: JoinRules,
+        get: Callable[[str], Entry | None],
+        put: Callable[[str, Entry | None], None],
+        timers: list[tuple[int, str]] | None = None,
+        newest: int | None = None,
+    ) -> None:
+        self.rules, self.get, self.put = rules, get, put
+        self.timers = timers if timers is not None else []  # a heap of (due, id); stale ones are skipped
+        heapq.heapify(self.timers)
+        self.newest = newest  # newest impression time seen
+        # how far the clicks are known to have come (event time): None when they are all in hand
+        # (a joiner caught up with its clicks partition, or join_all); the watermark never passes it,
+        # so a window does not close while its clicks may still be unread
+        self.clicks_frontier: int | None = None
+        self.emitted: list[Emission] = []
+        self.dead: list[DeadClick] = []
+        self.counts = Counts()
+
+    @property
+    def watermark(self) -> int:
+        if self.newest is None:
+            return -(1 << 62)
+        newest = self.newest if self.clicks_frontier is None else min(self.newest, self.clicks_frontier)
+        return watermark_of(newest, self.rules)
+
+    def impression(self, imp: Impression) -> None:
+        key = imp.impression_id
+        before = self.get(key)
+        self._apply(key, before, on_impression(before, imp, self.watermark, self.rules))
+        self.newest = imp.ts if self.newest is None else max(self.newest, imp.ts)
+        self.fire(self.watermark)
+
+    def click(self, click: Click) -> None:
+        key = click.impression_id
+        before = self.get(key)
+        self._apply(key, before, on_click(before, click, self.watermark, self.rules))
+
+    def fire(self, watermark: int) -> None:
+        """Run every timer due at or before `watermark`."""
+        timers = self.timers
+        while timers and timers[0][0] <= watermark:
+            due, key = heapq.heappop(timers)
+            entry = self.get(key)
+            if entry is not None and entry.due == due:
+                self._apply(key, entry, on_timer(entry, watermark, self.rules))
+
+    def take(self) -> tuple[list[Emission], list[DeadClick], Counts]:
+        out = self.emitted, self.dead, self.counts
+        self.emitted, self.dead, self.counts = [], [], Counts()
+        return out
+
+    def _apply(self, key: str, before: Entry | None, step: Step) -> None:
+        if step.entry is not before:
+            self.put(key, step.entry)
+            if step.entry is not None and (before is None or before.due != step.entry.due):
+                heapq.heappush(self.timers, (step.entry.due, key))
+        self.emitted.extend(step.emit)
+        self.dead.extend(step.dead)
+        self.counts = self.counts + step.counts
+
+
+def join_all(arrivals: list[Impression | Click], s: JoinRules, flush: bool = False) -> Joined:
     """The join of arrivals in the order given, held in a dict: the reference every joiner shell
     (Kafka, disk-backed state) must equal. Each impression moves the watermark, then the timers it
     passed fire in (due, id) order; with `flush`, event time finally runs past every timer (the end
     of a bounded replay)."""
     entries: dict[str, Entry] = {}
-    timers: list[tuple[int, str]] = []  # a heap of (due, id); stale ones (the entry moved on) are skipped
-    emitted: list[Emission] = []
-    dead: list[DeadClick] = []
-    counts = Counts()
-    newest = None
 
-    def apply(key: str, step: Step) -> None:
-        nonlocal counts
-        before = entries.get(key)
-        if step.entry is None:
+    def put(key: str, entry: Entry | None) -> None:
+        if entry is None:
             entries.pop(key, None)
         else:
-            entries[key] = step.entry
-            if before is None or before.due != step.entry.due:
-                heapq.heappush(timers, (step.entry.due, key))
-        emitted.extend(step.emit)
-        dead.extend(step.dead)
-        counts = counts + step.counts
+            entries[key] = entry
 
-    def fire(watermark: int) -> None:
-        while timers and timers[0][0] <= watermark:
-            due, key = heapq.heappop(timers)
-            entry = entries.get(key)
-            if entry is not None and entry.due == due:
-                apply(key, on_timer(entry, watermark, s))
-
+    cursor = Cursor(s, entries.get, put)
     for arrival in arrivals:
-        watermark = watermark_of(newest, s) if newest is not None else -(1 << 62)
-        key = arrival.impression_id
         if isinstance(arrival, Impression):
-            apply(key, on_impression(entries.get(key), arrival, watermark, s))
-            newest = arrival.ts if newest is None else max(newest, arrival.ts)
-            fire(watermark_of(newest, s))
+            cursor.impression(arrival)
         else:
-            apply(key, on_click(entries.get(key), arrival, watermark, s))
+            cursor.click(arrival)
     if flush:
-        fire(1 << 62)
-    return Joined(tuple(emitted), tuple(dead), counts, len(entries))
+        cursor.fire(1 << 62)
+    return Joined(tuple(cursor.emitted), tuple(cursor.dead), cursor.counts, len(entries))

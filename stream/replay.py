@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import orjson
@@ -52,6 +52,8 @@ class ReplayRecord(NamedTuple):
     value: bytes  # one JSON event, a bundle, or the rejected line
     events: int  # events in the value (0 for a reject)
     reason: str | None = None  # why it was rejected; None for events
+    topic: str | None = None  # where events go when not the events topic (replay --clicks: impressions, clicks)
+    partition: int | None = None  # the partition to write to (None: the producer's partitioner, by key)
 
 
 _ESCAPED = np.zeros(256, dtype=bool)  # bytes JSON needs escaped inside a string: '"', '\\', controls
@@ -143,6 +145,9 @@ def producer_config(kafka: KafkaSettings) -> dict[str, object]:
     return {
         "bootstrap.servers": kafka.bootstrap,
         "enable.idempotence": True,
+        # Java's default partitioner: impressions and clicks that a Java producer keys by impression
+        # id land in the partitions ours do (the joiner needs the two topics co-partitioned)
+        "partitioner": "murmur2_random",
         "acks": "all",
         "linger.ms": 50,
         "compression.type": "lz4",
@@ -176,17 +181,20 @@ class KafkaWriter:
         value: bytes,
         key: bytes | None = None,
         headers: dict[str, str] | dict[str, bytes] | None = None,
+        partition: int | None = None,
     ) -> None:
+        extra: dict[str, Any] = {}
+        if headers is not None:
+            extra["headers"] = headers
+        if partition is not None:
+            extra["partition"] = partition
         try:
-            if headers is None:
-                self._producer.produce(topic, value, key)
-            else:
-                self._producer.produce(topic, value, key, headers=headers)  # type: ignore[arg-type]
+            self._producer.produce(topic, value, key, **extra)
         except BufferError:  # local queue full: let librdkafka send, then retry
             while True:
                 self._producer.poll(0.05)
                 try:
-                    self._producer.produce(topic, value, key, headers=headers)  # type: ignore[arg-type]
+                    self._producer.produce(topic, value, key, **extra)
                     break
                 except BufferError:
                     continue
@@ -266,7 +274,7 @@ def replay(
     with bar:
         task = bar.add_task("replay", total=limit or total)
         send, topic = writer.send, kafka.events_topic
-        for key, value, count, reason in records:
+        for key, value, count, reason, to, partition in records:
             if key in skip:
                 skipped += 1
                 skipped_events += count
@@ -285,7 +293,7 @@ def replay(
                 send(kafka.dlq_topic, letter.value, letter.key, letter.headers)
                 rejected += 1
                 continue
-            send(topic, value, key)
+            send(to or topic, value, key, partition=partition)
             events += count
             nbytes += len(value)
             if events >= next_report:

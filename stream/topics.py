@@ -7,7 +7,8 @@ from stream.settings import KafkaSettings
 
 
 def ensure_topics(kafka: KafkaSettings, timeout_s: float = 30.0) -> list[str]:
-    """Create events, batches and DLQ topics if absent; returns the names created."""
+    """Create the events, batches, DLQ, impressions and clicks topics if absent (impressions and clicks
+    with one partition count: the joiner needs them co-partitioned); returns the names created."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -17,7 +18,7 @@ def ensure_topics(kafka: KafkaSettings, timeout_s: float = 30.0) -> list[str]:
     except KafkaException as exc:
         raise StreamError(f"kafka at {kafka.bootstrap}: unreachable ({exc}); start it with `adstream up`") from None
     config = {"max.message.bytes": str(kafka.max_message_bytes)}
-    wanted = [kafka.events_topic, kafka.batches_topic, kafka.dlq_topic]
+    wanted = [kafka.events_topic, kafka.batches_topic, kafka.dlq_topic, kafka.impressions_topic, kafka.clicks_topic]
     new = [
         NewTopic(t, num_partitions=kafka.partitions, replication_factor=1, config=config)
         for t in wanted

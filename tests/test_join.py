@@ -18,15 +18,16 @@ from stream.join import (
     POSITIVE_COPY,
     Click,
     Impression,
-    JoinSettings,
+    JoinRules,
     join_all,
 )
+from stream.settings import JoinSettings
 
 W, L, E = 1000, 100, 300
 
 
-def cfg(policy: str) -> JoinSettings:
-    return JoinSettings(policy=policy, window_ms=W, allowed_lateness_ms=L, elapsed_ms=E)
+def cfg(policy: str) -> JoinRules:
+    return JoinRules(policy=policy, window_ms=W, allowed_lateness_ms=L, elapsed_ms=E)
 
 
 def imp(key: str, ts: int) -> Impression:
@@ -131,10 +132,10 @@ def test_state_is_bounded_by_the_window_not_the_stream():
 def test_settings_errors_name_the_key():
     with pytest.raises(StreamError, match="stream.join.policy='oracle'"):
         JoinSettings(policy="oracle")
-    with pytest.raises(StreamError, match="stream.join.elapsed_ms=5000 is longer than window_ms=1000"):
-        JoinSettings(policy="elapsed", window_ms=1000, elapsed_ms=5000)
-    with pytest.raises(StreamError, match="stream.join.window_ms=-1"):
-        JoinSettings(window_ms=-1)
+    with pytest.raises(StreamError, match="stream.join.elapsed_s=5.0 is longer than window_s=1.0"):
+        JoinSettings(policy="elapsed", window_s=1, elapsed_s=5)
+    with pytest.raises(StreamError, match="stream.join.window_s=-1"):
+        JoinSettings(window_s=-1)
 
 
 @st.composite

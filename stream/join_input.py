@@ -1,0 +1,170 @@
+"""The joiner's two inputs, read into the join's records (stream/join.py). Pure.
+
+impressions topic record --read_impressions--> [Impression] + [Rejected]
+clicks topic record      --read_clicks-------> [Click] + [Rejected]
+
+An impression is an event as `adstream.events` carries it, without its label: one JSON object,
+JSON lines (a bundle), or an Arrow bundle. Its impression id is the schema's `event_id`, its time
+the schema's `timestamp`. The joiner checks only what the join needs (the id and the time, and that
+no label is set: a click sets it); the features are checked by the featurizer downstream, which
+dead-letters a bad one as it does today. An impression's payload is its JSON object, which the
+joiner emits with the label spliced in (`labelled`), so nothing but the label changes on the way.
+
+A click is a JSON object (or JSON lines) naming the impression (`ClickFields.impression_id`) and
+its time (`ClickFields.time`, ms); a click labels its impression 1 (the schema's `label`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from stream import rules
+from stream.bundle import is_arrow_bundle
+from stream.join import Click, Impression
+from stream.records import RawRecord, Rejected
+from stream.replay import json_lines
+from stream.schema import Schema
+
+LABEL_SET = "an impression carries no label: the joiner sets it from the clicks"
+
+
+@dataclass(frozen=True)
+class ClickFields:
+    """The fields of a click record (the [clicks] names of the schema's docs)."""
+
+    impression_id: str = "impression_id"  # the impression the click is on (its event id)
+    time: str = "ts"  # click time, ms since the epoch
+
+
+def labelled(payload: bytes, label_field: str, label: int) -> bytes:
+    """An impression's JSON object with `"<label_field>": label` added before its closing brace."""
+    return b"%s,%s:%d}" % (payload[: payload.rindex(b"}")], orjson.dumps(label_field), label)
+
+
+def read_impressions(record: RawRecord, schema: Schema) -> tuple[list[Impression], list[Rejected]]:
+    """One impressions-topic record -> its impressions, in order, and a Rejected per bad one."""
+    if is_arrow_bundle(record.value):
+        return _arrow_impressions(record, schema)
+    good, bad = [], []
+    for line in _lines(record.value):
+        obj, reason = _object(line)
+        if obj is not None:
+            reason = _impression_reason(obj, schema)
+        if reason is not None:
+            bad.append(Rejected(record.partition, record.offset, line, reason))
+            continue
+        assert obj is not None
+        payload = line.strip()
+        if schema.label in obj:  # "label": null, allowed; dropped so the splice makes the one label
+            del obj[schema.label]
+            payload = orjson.dumps(obj)
+        good.append(Impression(str(obj[schema.event_id]), obj[schema.timestamp], payload))
+    return good, bad
+
+
+def read_clicks(record: RawRecord, fields: ClickFields) -> tuple[list[Click], list[Rejected]]:
+    """One clicks-topic record -> its clicks, in order, and a Rejected per bad one."""
+    good, bad = [], []
+    for line in _lines(record.value):
+        obj, reason = _object(line)
+        if obj is not None:
+            key, ts = obj.get(fields.impression_id), obj.get(fields.time)
+            broken = (
+                (fields.impression_id, rules.check_event_id(key))
+                if fields.impression_id in obj
+                else (fields.impression_id, rules.MISSING_FIELD)
+            )
+            if broken[1] is None:
+                broken = (fields.time, rules.check_timestamp(ts) if fields.time in obj else rules.MISSING_FIELD)
+            reason = rules.reason(*broken) if broken[1] is not None else None  # type: ignore[arg-type]
+        if reason is not None:
+            bad.append(Rejected(record.partition, record.offset, line, reason))
+            continue
+        assert obj is not None
+        good.append(Click(str(obj[fields.impression_id]), obj[fields.time]))
+    return good, bad
+
+
+def _lines(value: bytes) -> list[bytes]:
+    lines = [line for line in value.split(b"\n") if line.strip()]
+    return lines or [value]  # an empty record is one bad line
+
+
+def _object(line: bytes) -> tuple[dict | None, str | None]:
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        return None, f"record: not JSON ({str(exc)[:200]})"
+    if not isinstance(obj, dict):
+        return None, "record: not a JSON object"
+    return obj, None
+
+
+def _impression_reason(obj: dict, schema: Schema) -> str | None:
+    for name, check in ((schema.event_id, rules.check_event_id), (schema.timestamp, rules.check_timestamp)):
+        broken = check(obj[name]) if name in obj else rules.MISSING_FIELD
+        if broken is not None:
+            return rules.reason(name, broken)
+    return rules.reason(schema.label, LABEL_SET) if obj.get(schema.label) is not None else None
+
+
+def _arrow_impressions(record: RawRecord, schema: Schema) -> tuple[list[Impression], list[Rejected]]:
+    """An Arrow bundle of impressions: its id and time columns checked a column at a time, each good
+    row's payload its JSON object (json_lines, built column-wise)."""
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(record.value)).read_all()
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        return [], [
+            Rejected(
+                record.partition, record.offset, record.value, f"record: not a readable Arrow bundle ({str(exc)[:200]})"
+            )
+        ]
+    whole = _arrow_table_reason(table, schema)
+    if whole is not None:
+        return [], [Rejected(record.partition, record.offset, record.value, whole)]
+    ids = table.column(schema.event_id).combine_chunks().cast(pa.string())
+    ts_col = table.column(schema.timestamp).combine_chunks()
+    ts = pc.fill_null(ts_col, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    reasons: list[str | None] = [None] * table.num_rows
+    id_len = pc.fill_null(pc.utf8_length(ids), 0).to_numpy(zero_copy_only=False)
+    checks = [
+        (id_len == 0, rules.reason(schema.event_id, rules.EVENT_ID)),
+        (rules.long_event_ids(id_len), rules.reason(schema.event_id, rules.EVENT_ID_LONG)),
+        (
+            rules.bad_timestamps(ts, ts_col.is_null().to_numpy(zero_copy_only=False)),
+            rules.reason(schema.timestamp, rules.TIMESTAMP),
+        ),
+    ]
+    if schema.label in table.column_names:
+        label_set = ~table.column(schema.label).is_null().to_numpy(zero_copy_only=False)
+        checks.append((label_set, rules.reason(schema.label, LABEL_SET)))
+        table = table.drop_columns([schema.label])
+    for mask, reason in checks:
+        for i in np.nonzero(mask)[0].tolist():
+            reasons[i] = reasons[i] or reason
+    lines = json_lines(table)
+    id_list, ts_list = ids.to_pylist(), ts.tolist()
+    good, bad = [], []
+    for i, reason in enumerate(reasons):
+        if reason is None:
+            good.append(Impression(id_list[i], ts_list[i], lines[i]))
+        else:
+            bad.append(Rejected(record.partition, record.offset, lines[i], reason))
+    return good, bad
+
+
+def _arrow_table_reason(table: pa.Table, schema: Schema) -> str | None:
+    for name in (schema.event_id, schema.timestamp):
+        if name not in table.column_names:
+            return rules.reason(name, f"{rules.MISSING_FIELD} (no such column in the Arrow bundle)")
+    kind = table.schema.field(schema.event_id).type
+    if not (pa.types.is_string(kind) or pa.types.is_integer(kind)):
+        return f"{schema.event_id}: column type {kind}, expected strings or integers"
+    if not pa.types.is_integer(table.schema.field(schema.timestamp).type):
+        return f"{schema.timestamp}: column type {table.schema.field(schema.timestamp).type}, expected integers"
+    return None

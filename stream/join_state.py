@@ -1,0 +1,163 @@
+"""The joiner's state on disk: one RocksDB per input partition (rocksdict), bounded by the window.
+
+What one partition's database holds:
+    b"e" + impression id  -> the id's Entry (stream/join.py), encoded by `encode_entry`
+    b"m"                  -> Progress: the next offsets of the impressions and clicks partitions,
+                             the newest impression time seen (the watermark's source), the chunk number
+    b"p"                  -> the outputs of the last chunk (`encode_outputs`), written before they are sent
+
+A chunk (the records of one poll) changes the entries in memory (`stage`), then `commit` writes
+every change, the new Progress and the chunk's outputs in one atomic write batch, and only then are
+the outputs sent in a Kafka transaction with the same offsets. So after any crash the database is
+at a chunk's end, and the outputs of that chunk are in it: if the transaction did not commit (the
+group's committed offsets are behind the database's), the joiner sends them again, in a new
+transaction, before it reads on (stream/joiner.py). Entries are forgotten when their window and
+the lateness allowance are over, so the database stays as large as the window, not the stream.
+
+Timers are not stored: an entry's `due` is in it, and `timers()` rebuilds the heap at start.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from stream.join import Click, Entry, Impression
+
+_HEAD = struct.Struct("<Bqq")  # flags, due, the impression's (or the early click's) time
+_HAS_IMPRESSION, _CLICKED, _EMITTED, _CLOSED, _EARLY_CLICK = 1, 2, 4, 8, 16
+ENTRY, PROGRESS, PENDING = b"e", b"m", b"p"
+
+
+def encode_entry(entry: Entry) -> bytes:
+    """An entry in 17 bytes plus its impression's payload (its id is the key)."""
+    flags = (
+        (_HAS_IMPRESSION if entry.impression is not None else 0)
+        | (_CLICKED if entry.clicked else 0)
+        | (_EMITTED if entry.emitted else 0)
+        | (_CLOSED if entry.closed else 0)
+        | (_EARLY_CLICK if entry.early_click is not None else 0)
+    )
+    if entry.impression is not None:
+        return _HEAD.pack(flags, entry.due, entry.impression.ts) + entry.impression.payload
+    assert entry.early_click is not None
+    return _HEAD.pack(flags, entry.due, entry.early_click.ts)
+
+
+def decode_entry(key: str, value: bytes) -> Entry:
+    flags, due, ts = _HEAD.unpack_from(value)
+    impression = Impression(key, ts, value[_HEAD.size :]) if flags & _HAS_IMPRESSION else None
+    early = Click(key, ts) if flags & _EARLY_CLICK else None
+    return Entry(impression, bool(flags & _CLICKED), bool(flags & _EMITTED), bool(flags & _CLOSED), early, due)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far one partition's join has come (stored with its entries, atomically)."""
+
+    impressions_offset: int = -1  # next offset to read on the impressions partition (-1: from the start)
+    clicks_offset: int = -1  # next offset to read on the clicks partition
+    newest_ts: int | None = None  # newest impression time seen (the watermark is this minus the lateness)
+    chunk: int = 0  # chunks committed so far
+
+
+@dataclass(frozen=True)
+class PendingOutput:
+    """One record a chunk writes: to the events topic (a labelled bundle) or the dead-letter topic."""
+
+    topic: str
+    key: bytes
+    value: bytes
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+def encode_outputs(outputs: list[PendingOutput]) -> bytes:
+    parts = [struct.pack("<I", len(outputs))]
+    for o in outputs:
+        fields = [o.topic.encode(), o.key, o.value, orjson.dumps([[k, v.decode("latin-1")] for k, v in o.headers])]
+        parts += [struct.pack("<4I", *map(len, fields)), *fields]
+    return b"".join(parts)
+
+
+def decode_outputs(blob: bytes) -> list[PendingOutput]:
+    (count,), at, out = struct.unpack_from("<I", blob), 4, []
+    for _ in range(count):
+        sizes = struct.unpack_from("<4I", blob, at)
+        at += 16
+        fields = []
+        for size in sizes:
+            fields.append(blob[at : at + size])
+            at += size
+        headers = tuple((k, v.encode("latin-1")) for k, v in orjson.loads(fields[3]))
+        out.append(PendingOutput(fields[0].decode(), fields[1], fields[2], headers))
+    return out
+
+
+class PartitionState:
+    """One partition's entries, progress and pending outputs in RocksDB, changed a chunk at a time."""
+
+    def __init__(self, path: str | Path) -> None:
+        from rocksdict import DBCompressionType, Options, Rdict
+
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        options.set_compression_type(DBCompressionType.lz4())  # JSON payloads compress ~3x
+        self.db = Rdict(str(self.path), options=options)
+        self._staged: dict[str, Entry | None] = {}
+        raw = self.db.get(PROGRESS)
+        self.progress = Progress(**orjson.loads(raw)) if raw is not None else Progress()
+
+    def get(self, key: str) -> Entry | None:
+        if key in self._staged:
+            return self._staged[key]
+        raw = self.db.get(ENTRY + key.encode())
+        return None if raw is None else decode_entry(key, raw)  # type: ignore[arg-type]
+
+    def stage(self, key: str, entry: Entry | None) -> None:
+        """Change an entry in memory; `commit` writes it."""
+        self._staged[key] = entry
+
+    def commit(self, progress: Progress, outputs: list[PendingOutput]) -> None:
+        """Every staged change, the progress and the chunk's outputs, in one atomic write."""
+        from rocksdict import WriteBatch
+
+        batch = WriteBatch(raw_mode=True)
+        for key, entry in self._staged.items():
+            if entry is None:
+                batch.delete(ENTRY + key.encode())
+            else:
+                batch.put(ENTRY + key.encode(), encode_entry(entry))
+        batch.put(PROGRESS, orjson.dumps(vars(progress)))
+        batch.put(PENDING, encode_outputs(outputs))
+        self.db.write(batch)
+        self._staged.clear()
+        self.progress = progress
+
+    def pending_outputs(self) -> list[PendingOutput]:
+        raw = self.db.get(PENDING)
+        return decode_outputs(raw) if raw is not None else []  # type: ignore[arg-type]
+
+    def entries(self) -> Iterator[tuple[str, Entry]]:
+        """Every stored entry (the staged ones not included)."""
+        for key, value in self.db.items(from_key=ENTRY):
+            if not key.startswith(ENTRY):
+                break
+            name = key[1:].decode()
+            yield name, decode_entry(name, value)
+
+    def stats(self) -> tuple[int, int]:
+        """(entries, bytes on disk and in memtables), RocksDB's own estimates."""
+        count = int(self.db.property_int_value("rocksdb.estimate-num-keys") or 0)
+        size = int(self.db.property_int_value("rocksdb.total-sst-files-size") or 0) + int(
+            self.db.property_int_value("rocksdb.cur-size-all-mem-tables") or 0
+        )
+        return count, size
+
+    def close(self) -> None:
+        self.db.close()
