@@ -38,13 +38,18 @@ from mode.utils.locks import Event
 from mode.utils.times import Seconds
 
 
-class Consumer(aiokafka.Consumer):
+class ReadCommittedThread(aiokafka.AIOKafkaConsumerThread):
     def _create_worker_consumer(self, transport: aiokafka.Transport) -> Any:
         consumer = super()._create_worker_consumer(transport)
         # the joiner writes labelled events in transactions: an aborted one must never be featurized
         # (Faust reads committed only under its own exactly-once guarantee, which this app does not use)
         consumer._isolation_level = "read_committed"
         return consumer
+
+
+class Consumer(aiokafka.Consumer):
+    def _new_consumer_thread(self) -> aiokafka.AIOKafkaConsumerThread:
+        return ReadCommittedThread(self, loop=self.loop, beacon=self.beacon)
 
     async def wait_first(self, *coros: WaitArgT, timeout: Seconds = None) -> WaitResults:  # type: ignore[assignment]
         delivery = coros[0]

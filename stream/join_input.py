@@ -144,18 +144,19 @@ def _arrow_impressions(record: RawRecord, schema: Schema) -> tuple[list[Impressi
         label_set = ~table.column(schema.label).is_null().to_numpy(zero_copy_only=False)
         checks.append((label_set, rules.reason(schema.label, LABEL_SET)))
         table = table.drop_columns([schema.label])
-    for mask, reason in checks:
+    for mask, why in checks:
         for i in np.nonzero(mask)[0].tolist():
-            reasons[i] = reasons[i] or reason
+            reasons[i] = reasons[i] or why
     lines = json_lines(table)
     id_list, ts_list = ids.to_pylist(), ts.tolist()
-    good, bad = [], []
+    good: list[Impression] = []
+    bad: list[Rejected] = []
     for i, reason in enumerate(reasons):
         if reason is None:
             good.append(Impression(id_list[i], ts_list[i], lines[i]))
         else:
             bad.append(Rejected(record.partition, record.offset, lines[i], reason))
-    return good, bad
+    return good, bad  # (a good row's id is a non-empty string)
 
 
 def _arrow_table_reason(table: pa.Table, schema: Schema) -> str | None:

@@ -146,6 +146,7 @@ class PartitionState:
     def entries(self) -> Iterator[tuple[str, Entry]]:
         """Every stored entry (the staged ones not included)."""
         for key, value in self.db.items(from_key=ENTRY):
+            assert isinstance(key, bytes) and isinstance(value, bytes)  # raw mode
             if not key.startswith(ENTRY):
                 break
             name = key[1:].decode()

@@ -173,25 +173,26 @@ class Joiner:
         imp = self.kafka.impressions_topic
         messages.sort(key=lambda m: m.topic() == imp)  # a chunk's clicks first: fewer wait as early clicks
         for message in messages:
-            part = self.parts[message.partition()]
+            p, offset, topic = int(message.partition() or 0), int(message.offset() or 0), str(message.topic())
+            part = self.parts[p]
             part.touched = True
-            record = RawRecord(message.partition(), message.offset(), message.value() or b"")
-            if message.topic() == imp:
+            record = RawRecord(p, offset, message.value() or b"")
+            if topic == imp:
                 impressions, bad = read_impressions(record, self.schema)
                 IMPRESSIONS.inc(len(impressions))
                 for impression in impressions:
                     part.cursor.impression(impression)
-                part.impressions_offset = message.offset() + 1
+                part.impressions_offset = offset + 1
             else:
                 clicks, bad = read_clicks(record, self.fields)
                 CLICKS.inc(len(clicks))
                 for click in clicks:
                     part.cursor.click(click)
                     part.newest_click = max(part.newest_click, click.ts)
-                part.clicks_offset = message.offset() + 1
-                self._move_frontier(message.partition(), part)
+                part.clicks_offset = offset + 1
+                self._move_frontier(p, part)
             if bad:
-                part.outputs += [self._letter(message.topic(), r) for r in bad]
+                part.outputs += [self._letter(topic, r) for r in bad]
                 REJECTED.inc(len(bad))
         for p, part in self.parts.items():
             if part.touched:
@@ -234,7 +235,9 @@ class Joiner:
 
     def _bundles(self, emitted: list[Emission]) -> list[PendingOutput]:
         """Labelled events as JSON-lines records of at most bundle_events lines and the message limit."""
-        out, lines, size, first = [], [], 0, b""
+        out: list[PendingOutput] = []
+        lines: list[bytes] = []
+        size, first = 0, b""
         limit = self.kafka.max_message_bytes - RECORD_OVERHEAD
         for e in emitted:
             line = labelled(e.payload, self.schema.label, e.label)

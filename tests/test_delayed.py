@@ -40,3 +40,45 @@ def test_under_fake_negative_labels_fnw_expects_the_true_logloss_and_fnc_recover
         assert math.isclose(float(biased), true, rel_tol=1e-5)  # per event seen, the true labels' logloss
         assert math.isclose(float(fn_calibrated(torch.tensor([b]))), p, rel_tol=1e-5)
     assert float(fn_calibrated(torch.tensor([0.9]))) == 1.0  # clipped
+
+
+def _model(delayed: str):
+    from store.ram import RamTier
+    from store.sparse_optim import SparseOptimConfig
+    from store.table import EmbeddingTable, TableConfig
+    from trainer.model import CtrModel, ModelConfig
+
+    config = ModelConfig(
+        num_fields=39, num_dense=13, embed_dim=4, hidden=(16,), dense_norm=False, delayed_feedback=delayed
+    )
+    table = EmbeddingTable(
+        RamTier(3 * config.row_dim, 1 << 24), TableConfig(dim=config.row_dim, optim=SparseOptimConfig("sgd", lr=0.1))
+    )
+    model = CtrModel(config)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1), table
+
+
+def test_the_trainer_weights_its_loss_under_fnw_and_serves_b_over_1_minus_b_under_fnc():
+    from tests.helpers import random_feature_batch
+    from trainer.batch import batch_from_features
+    from trainer.step import backward, forward, predict
+
+    batch = batch_from_features([random_feature_batch(32, seed=1)])
+    assert 0 < float(batch.labels.mean()) < 1
+    model, optimizer, table = _model("fnw")
+    backward(model, optimizer, table, batch)
+    got = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    optimizer.zero_grad()
+    logits, _, _ = forward(model, table, batch)
+    fn_weighted_logloss(logits, batch.labels).backward()  # the loss by hand, same model and rows
+    for name, param in model.named_parameters():
+        if name in got:
+            torch.testing.assert_close(got[name], param.grad, msg=name)
+    optimizer.zero_grad()
+    torch.nn.functional.binary_cross_entropy_with_logits(forward(model, table, batch)[0], batch.labels).backward()
+    assert any(not torch.allclose(got[n], p.grad) for n, p in model.named_parameters() if n in got)
+
+    plain, _, plain_table = _model("none")
+    fnc, _, fnc_table = _model("fnc")
+    b = torch.from_numpy(predict(plain, plain_table, batch))
+    torch.testing.assert_close(torch.from_numpy(predict(fnc, fnc_table, batch)), fn_calibrated(b))

@@ -9,7 +9,9 @@ then drawn from b(x) = p(x) / (1 + p(x)) instead of the true click probability p
   model's own prediction, taken as a constant (detached).
 - FN calibration (FNC): learn b with the plain logloss and serve p = b / (1 - b).
 
-Not wired into train_step yet (#26): these are the rules it will call.
+`trainer.optim.delayed_feedback` chooses one; it travels in the model's config (ModelConfig), so
+trainer/step.py weights the loss under "fnw" (the wide part's per-event steps too: trainer/wide.py)
+and scores, serves and measures b / (1 - b) under "fnc" (`ctr_of`).
 """
 
 from __future__ import annotations

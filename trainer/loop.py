@@ -72,6 +72,14 @@ class TrainSummary:
     resumed_from: str | None = None
 
 
+# which labels the progressive metrics score, as a run parameter in MLflow
+METRICS_LABELS = {
+    "none": "the labels as they arrive (final labels: the joiner's window policy, or labelled logs)",
+    "fnw": "the labels as they arrive: each impression once as a fake negative, a clicked one again as a positive",
+    "fnc": "the labels as they arrive: each impression once as a fake negative, a clicked one again as a positive",
+}
+
+
 def run_training(
     schema: Schema,
     kafka: KafkaSettings,
@@ -115,7 +123,13 @@ def _run(
     resumed, state, run_id = _resume(trainer, settings, rank)
     publisher = None
     if rank == 0:
-        params = {**flat_fields(settings), "schema_hash": schema.hash, "max_events": max_events, "workers": world}
+        params = {
+            **flat_fields(settings),
+            "schema_hash": schema.hash,
+            "max_events": max_events,
+            "workers": world,
+            "metrics_labels": METRICS_LABELS[settings.optim.delayed_feedback],
+        }
         publisher = Publisher(mlflow, params=params, run_id=run_id)
     source = BatchSource(kafka, settings.group_id, schema.hash, rank, world, start_offsets=trainer.offsets)
     learn_log = LearnLog(settings.learn_log, rank)

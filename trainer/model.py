@@ -40,6 +40,8 @@ class ModelConfig:
     cross_rank: int = 0  # 0: full-rank cross weights (F*E + D)^2; r > 0: W = U V^T of rank r (cheaper)
     dense_norm: bool = True  # standardize dense features by running mean / variance
     list_pooling: tuple[str, ...] = ()  # per list field (the last fields): "mean" or "sum" of its values' rows
+    # labels that come late (trainer/delayed.py): "fnw" weights the loss, "fnc" serves b / (1 - b); "none"
+    delayed_feedback: str = one_of(("none", "fnw", "fnc"), "none")
 
     def __post_init__(self) -> None:
         check_fields(self, "ModelConfig", TrainerError)

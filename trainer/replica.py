@@ -138,6 +138,7 @@ def model_config(schema: Schema, settings: TrainerSettings) -> ModelConfig:
         cross_rank=model.cross_rank,
         dense_norm=model.dense_norm,
         list_pooling=schema.list_pooling,
+        delayed_feedback=settings.optim.delayed_feedback,
     )
 
 

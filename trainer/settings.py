@@ -75,6 +75,10 @@ class OptimSettings:
     initial_accumulator: float = at_least(0, 0.0)  # Adagrad / FTRL: start of each squared-gradient sum
     init_std: float = at_least(0, 0.01)  # std of a new row's initial vector
     clip_ratio: float = at_least(0, 0.0)  # CowClip r: id grad norm <= count * max(r * |w|, 1e-5); 0 = off
+    # learning from the joiner's fake_negative policy (every impression first a negative, a click a
+    # positive copy): "fnw" weights the loss back to the true one, "fnc" learns the biased labels and
+    # predicts p = b / (1 - b) (trainer/delayed.py); "none" for final labels (the window policy)
+    delayed_feedback: str = one_of(("none", "fnw", "fnc"), "none")
 
     def __post_init__(self) -> None:
         check_fields(self, "trainer.optim", TrainerError)

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from store.sparse_optim import SparseOptimConfig
 from store.table import EmbeddingTable, Lookup
 from trainer.batch import Batch
-from trainer.model import CtrModel
+from trainer.delayed import fn_calibrated, fn_weighted_logloss
+from trainer.model import CtrModel, ModelConfig
 from trainer.wide import learn_wide
 
 
@@ -95,7 +96,10 @@ def backward(  # type: ignore[no-untyped-def]
     learned less: last-100k gap to truth 0.0106 vs 0.0098)."""
     model.train()
     logits, lookup, leaf = forward(model, table, batch)
-    loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
+    fnw = model.config.delayed_feedback == "fnw"
+    loss = (
+        fn_weighted_logloss(logits, batch.labels) if fnw else F.binary_cross_entropy_with_logits(logits, batch.labels)
+    )
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     assert leaf.grad is not None
@@ -104,10 +108,18 @@ def backward(  # type: ignore[no-untyped-def]
     row_grad = leaf.grad * len(batch)
     scored, wide = logits.detach(), None
     if wide_optim is not None:
-        wide = learn_wide(scored, batch, lookup, wide_optim, model.config.list_pooling, step)
+        wide = learn_wide(scored, batch, lookup, wide_optim, model.config.list_pooling, step, fnw)
         scored = scored + wide.logit_shift
         loss = F.binary_cross_entropy_with_logits(scored, batch.labels)
-    return StepResult(torch.sigmoid(scored).cpu().numpy(), float(loss.detach())), lookup, row_grad, wide
+    ctr = ctr_of(scored, model.config)
+    return StepResult(ctr.cpu().numpy(), float(loss.detach())), lookup, row_grad, wide
+
+
+def ctr_of(logits: torch.Tensor, config: ModelConfig) -> torch.Tensor:
+    """The CTR (B,) a model's logits (B,) stand for: their sigmoid, or under "fnc" the sigmoid
+    mapped back from the fake-negative labels' rate (trainer/delayed.py)."""
+    p = torch.sigmoid(logits)
+    return fn_calibrated(p) if config.delayed_feedback == "fnc" else p
 
 
 def train_step(
@@ -130,4 +142,4 @@ def predict(model: CtrModel, table: EmbeddingTable, batch: Batch) -> np.ndarray:
     if model.training:  # eval() walks every module: skip it when already set (serving's hot path)
         model.eval()
     logits, _, _ = forward(model, table, batch)
-    return torch.sigmoid(logits).cpu().numpy()
+    return ctr_of(logits, model.config).cpu().numpy()

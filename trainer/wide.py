@@ -71,6 +71,7 @@ def learn_wide(
     cfg: SparseOptimConfig,
     list_pooling: tuple[str, ...],
     step: int,
+    fn_weighted: bool = False,
 ) -> WideUpdate:
     """Run the batch's events in order through the wide weights (see the module docstring).
     Pure: the lookup's rows are read, not changed. `step` (1-based) is Adam's bias correction."""
@@ -94,6 +95,7 @@ def learn_wide(
         cfg.ftrl_beta,
         cfg.ftrl_l1,
         step,
+        fn_weighted,
     )
     device = lookup.rows.device
     return WideUpdate(
@@ -104,9 +106,26 @@ def learn_wide(
 
 @numba.njit(cache=True)
 def _wide_pass(  # type: ignore[no-untyped-def]
-    logits, labels, starts, rows_of, weights, columns, rule, lr, l2, eps, beta1, beta2, accumulator, ftrl_beta, l1, step
+    logits,
+    labels,
+    starts,
+    rows_of,
+    weights,
+    columns,
+    rule,
+    lr,
+    l2,
+    eps,
+    beta1,
+    beta2,
+    accumulator,
+    ftrl_beta,
+    l1,
+    step,
+    fnw,
 ):
-    """The per-event loop; updates columns (u, 3) in place and returns each event's logit shift (B,)."""
+    """The per-event loop; updates columns (u, 3) in place and returns each event's logit shift (B,).
+    fnw: each event's gradient carries its FN weight (trainer/delayed.py), at its own p."""
     before = columns[:, 0].copy()
     shift = np.zeros(len(logits))
     for i in range(len(logits)):
@@ -116,9 +135,12 @@ def _wide_pass(  # type: ignore[no-untyped-def]
             s += (columns[r, 0] - before[r]) * weights[k]
         shift[i] = s
         p = 1.0 / (1.0 + math.exp(-(logits[i] + s)))
+        fn = 1.0
+        if fnw:
+            fn = (1.0 + p) if labels[i] > 0.5 else (1.0 - p) * (1.0 + p)
         for k in range(starts[i], starts[i + 1]):
             r = rows_of[k]
-            g = (p - labels[i]) * weights[k]
+            g = (p - labels[i]) * weights[k] * fn
             w, a, b = columns[r, 0], columns[r, 1], columns[r, 2]
             if rule != 2 and l2 > 0:  # FTRL takes its L2 in its closed form
                 g += l2 * w

@@ -1,0 +1,162 @@
+"""The joiner on the real broker: impressions and delayed clicks replayed as `replay --clicks` sends
+them, joined by `adstream join` SIGKILLed 5 times at random points and restarted, and the labelled
+events compared one by one with the truth the generator knows: none lost, none twice, every label
+right; bad impressions and clicks in the DLQ with their reasons."""
+
+from __future__ import annotations
+
+import collections
+import os
+import random
+import signal
+import time
+from dataclasses import replace
+
+import numpy as np
+import orjson
+import pytest
+
+from stream.bundle import event_table
+from stream.clicks import interleave, murmur2_partition, split_clicks
+from stream.replay import ReplayRecord, replay
+from stream.settings import JoinSettings
+from stream.synthetic import SyntheticConfig, SyntheticCriteo
+from stream.topics import ensure_topics
+
+from .helpers import start_cli
+
+pytestmark = pytest.mark.integration
+
+WINDOW_S, LATENESS_S, RATE = 60, 5, 100  # impressions per event-time second
+
+
+def _consume(bootstrap: str, topic: str, group: str, done, timeout_s: float) -> list:
+    """Every record of `topic` a read_committed consumer sees until done(records) or the timeout."""
+    from confluent_kafka import Consumer
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
+    consumer.subscribe([topic])
+    out: list = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline and not done(out):
+            out += [m for m in consumer.consume(500, timeout=0.5) if m.error() is None]
+    finally:
+        consumer.close()
+    return out
+
+
+@pytest.mark.parametrize("policy", ["window", "fake_negative"])
+def test_the_joiner_through_five_sigkills_emits_every_impression_once_with_its_true_label(
+    isolated, tmp_path, schema, policy
+):
+    join = JoinSettings(
+        policy=policy,
+        window_s=WINDOW_S,
+        allowed_lateness_s=LATENESS_S,
+        state_dir=str(tmp_path / "join"),
+        app_id=f"{isolated.stream.app_id}-joiner",
+        take_records=32,
+    )
+    config = replace(isolated, stream=replace(isolated.stream, join=join))
+    kafka = config.kafka
+    ensure_topics(kafka)
+    generator = SyntheticCriteo(schema, SyntheticConfig(seed=11))
+    events, _ = generator.generate(3000)
+    split = split_clicks(event_table(events, schema), schema, np.random.default_rng(3), event_rate=RATE)
+    imp_ts = dict(zip([str(e["event_id"]) for e in events], split.impressions.column("ts").to_pylist(), strict=True))
+    # the truth: an impression is a positive iff a click came within the window
+    in_window = {k for k, t in zip(split.click_ids, split.click_ts.tolist(), strict=True) if t - imp_ts[k] <= 60_000}
+    # one sentinel impression per partition, past every window, so event time closes them all
+    end = max(imp_ts.values()) + (WINDOW_S + LATENESS_S + 10) * 1000
+    sentinels = {}
+    for n in range(100):
+        key = f"sentinel-{n}"
+        sentinels.setdefault(murmur2_partition(key.encode(), 2), {**events[0], "event_id": key, "ts": end})
+    assert len(sentinels) == 2
+    bad = [
+        ReplayRecord(b"b1", b'{"ts": 5, "I1": 3}', 1, None, kafka.impressions_topic),  # no id
+        ReplayRecord(b"b2", b"not json", 1, None, kafka.impressions_topic),
+        ReplayRecord(b"b3", b'{"event_id": "x", "ts": 5, "label": 1}', 1, None, kafka.impressions_topic),
+        ReplayRecord(b"b4", b'{"impression_id": "x", "ts": "soon"}', 1, None, kafka.clicks_topic),
+    ]
+    tail = split_clicks(event_table(list(sentinels.values()), schema), schema, np.random.default_rng(0))
+    records = [
+        *interleave([split], schema, kafka.impressions_topic, kafka.clicks_topic, 2, bundle=1),
+        *bad,
+        *interleave(
+            [replace(tail, click_ids=[], click_ts=np.zeros(0, np.int64))],
+            schema,
+            kafka.impressions_topic,
+            kafka.clicks_topic,
+            2,
+        ),
+    ]
+    replay(records, kafka, progress=False)
+
+    rng = random.Random(policy)
+    for _ in range(5):  # SIGKILL at a random point, restart
+        proc, log = start_cli(config, tmp_path, "join")
+        time.sleep(rng.uniform(2.5, 5.0))
+        assert proc.poll() is None, log.read_text()[-3000:]
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    proc, log = start_cli(config, tmp_path, "join")
+    try:
+        # fake_negative emits the sentinels too (at once, as negatives)
+        expected = len(events) + (len(in_window) + len(sentinels) if policy == "fake_negative" else 0)
+
+        def lines(records: list) -> list[bytes]:
+            return [line for r in records for line in r.value().split(b"\n")]
+
+        _consume(kafka.bootstrap, kafka.events_topic, "check", lambda r: len(lines(r)) >= expected, 240)
+        time.sleep(3)  # anything emitted twice would be there now: read it all again
+        out = _consume(kafka.bootstrap, kafka.events_topic, "check-all", lambda r: False, 8)
+        letters = _consume(kafka.bootstrap, kafka.dlq_topic, "check-dlq", lambda r: len(r) >= len(bad), 30)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    emitted = [e for e in map(orjson.loads, lines(out)) if not e["event_id"].startswith("sentinel-")]
+    first = collections.Counter(e["event_id"] for e in emitted if e["label"] == 0 or policy == "window")
+    positives = collections.Counter(e["event_id"] for e in emitted if e["label"] == 1)
+    assert set(first) == set(imp_ts), "every impression emitted, nothing else"
+    assert max(first.values()) == 1, f"emitted twice: {[k for k, v in first.items() if v > 1][:5]}"
+    if policy == "window":
+        assert set(positives) == in_window, "a positive iff clicked within the window"
+    else:
+        assert max(positives.values()) == 1 and in_window <= set(positives)
+        assert set(positives) <= set(split.click_ids)  # late clicks may add a correction, never an unclicked one
+    assert all(e["ts"] == imp_ts[e["event_id"]] for e in emitted)
+    reasons = [dict(m.headers())["reason"].decode() for m in letters if dict(m.headers())["stage"] == b"join"]
+    assert {
+        "event_id: missing field",
+        "ts: must be a non-negative integer (ms) below 2^62",
+        "label: an impression carries no label: the joiner sets it from the clicks",
+    } <= set(reasons)
+    assert any(r.startswith("record: not JSON") for r in reasons)
+
+
+def test_our_partitions_are_librdkafkas_murmur2(isolated):
+    """replay --clicks places records itself; a producer keying by impression id with Java's
+    partitioner (librdkafka's murmur2_random) must put each key where the joiner looks for it."""
+    from confluent_kafka import Producer
+
+    ensure_topics(isolated.kafka)
+    rng = random.Random(5)
+    keys = [bytes(rng.choices(range(32, 127), k=rng.randint(1, 40))) for _ in range(200)]
+    placed: dict[bytes, int] = {}
+    producer = Producer({"bootstrap.servers": isolated.kafka.bootstrap, "partitioner": "murmur2_random"})
+    for key in keys:
+        producer.produce(
+            isolated.kafka.clicks_topic, b"{}", key, on_delivery=lambda e, m: placed.update({m.key(): m.partition()})
+        )
+    producer.flush(30)
+    assert placed == {k: murmur2_partition(k, 2) for k in keys}
