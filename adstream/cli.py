@@ -140,12 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("bench", help="benchmarks printing JSON (not tests)")
-    p.add_argument("which", choices=["pipeline", "store", "merge", "accuracy", "serving", "step"])
+    p.add_argument("which", choices=["pipeline", "store", "merge", "accuracy", "serving", "step", "join"])
     stack_flags(p)
     p.add_argument(
         "--events",
         type=int,
-        help="synthetic events (pipeline: per stage, 100000; merge: 2000000; accuracy: 1000000; step: 200000)",
+        help="synthetic events (pipeline: per stage, 100000; merge: 2000000; accuracy: 1000000; step: 200000; "
+        "join: 300000)",
     )
     p.add_argument("--drift", type=float, default=0.5, help="accuracy: drift of the drifting synthetic stream")
     p.add_argument("--no-ablation", action="store_true", help="accuracy: skip the ablation rows")

@@ -336,6 +336,23 @@ def cmd_bench(args: argparse.Namespace) -> None:
         config = _config(args)
         sizes = _batch_sizes(args.batch_sizes)
         result = run_step_bench(_schema(config), config.trainer, args.events or 200_000, sizes, args.device)
+    elif args.which == "join":
+        from pathlib import Path
+
+        from adstream import stack
+        from bench.join import run_join_bench
+
+        config = _config(args)
+        stack.up(config.stack, config.kafka)
+        result = run_join_bench(
+            _schema(config),
+            config.trainer,
+            config.kafka,
+            config.stream,
+            Path(config.stack.state_dir).resolve() / "bench-join",
+            events=args.events or 300_000,
+            drift=args.drift,
+        )
     elif args.which == "accuracy":
         from bench.accuracy import run_accuracy_bench
 

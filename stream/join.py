@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from functools import partial
 
 from stream.errors import StreamError
 
@@ -113,6 +114,9 @@ class Counts:
         return Counts(*(a + b for a, b in zip(vars(self).values(), vars(other).values(), strict=True)))
 
 
+NO_COUNTS = Counts()  # what most steps count: shared, so adding it up can be skipped
+
+
 @dataclass(frozen=True)
 class Entry:
     """What the joiner keeps for one impression id. An entry with no impression holds an early click."""
@@ -130,7 +134,7 @@ class Step:
     entry: Entry | None  # what to store for the id (None: forget it)
     emit: tuple[Emission, ...] = ()
     dead: tuple[DeadClick, ...] = ()
-    counts: Counts = field(default_factory=Counts)
+    counts: Counts = NO_COUNTS
 
 
 def _emission(imp: Impression, label: int, kind: str) -> Emission:
@@ -303,9 +307,20 @@ class Cursor:
             self.put(key, step.entry)
             if step.entry is not None and (before is None or before.due != step.entry.due):
                 heapq.heappush(self.timers, (step.entry.due, key))
-        self.emitted.extend(step.emit)
-        self.dead.extend(step.dead)
-        self.counts = self.counts + step.counts
+        if step.emit:
+            self.emitted.extend(step.emit)
+        if step.dead:
+            self.dead.extend(step.dead)
+        if step.counts is not NO_COUNTS:
+            self.counts = self.counts + step.counts
+
+
+def put_into(entries: dict[str, Entry], key: str, entry: Entry | None) -> None:
+    """A Cursor's `put` over a dict (with functools.partial): store the entry, or forget the id."""
+    if entry is None:
+        entries.pop(key, None)
+    else:
+        entries[key] = entry
 
 
 def join_all(arrivals: list[Impression | Click], s: JoinRules, flush: bool = False) -> Joined:
@@ -314,14 +329,7 @@ def join_all(arrivals: list[Impression | Click], s: JoinRules, flush: bool = Fal
     passed fire in (due, id) order; with `flush`, event time finally runs past every timer (the end
     of a bounded replay)."""
     entries: dict[str, Entry] = {}
-
-    def put(key: str, entry: Entry | None) -> None:
-        if entry is None:
-            entries.pop(key, None)
-        else:
-            entries[key] = entry
-
-    cursor = Cursor(s, entries.get, put)
+    cursor = Cursor(s, entries.get, partial(put_into, entries))
     for arrival in arrivals:
         if isinstance(arrival, Impression):
             cursor.impression(arrival)

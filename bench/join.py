@@ -1,0 +1,270 @@
+"""`adstream bench join`: what learning from joined impressions and delayed clicks costs in accuracy,
+and what the joiner costs in time and state. JSON; ends with a `targets` block.
+
+In process (no Kafka): the drifting synthetic stream, each impression at `rate` per event-time
+second with a click delay drawn from stream.clicks.ClickDelays for each positive, joined by
+stream/join.py's Cursor at windows of 5 and 30 minutes. Every impression is scored when it arrives
+(the model as it stands then, as serving would score it) and the scores are compared with the TRUE
+labels: the oracle (labels known at once: the ceiling), `window` (final labels, as stale as the
+window), `fake_negative` + FNW and + FNC (trainer.optim.delayed_feedback). Also each policy's share
+of positives at learning time and the mean staleness of what it learns.
+
+On the local stack: `adstream join`'s Joiner in process on its own topics: impressions/s with
+bundled and single impressions (clicks/s beside), and the state bytes per pending impression vs
+the impression's raw bytes (the exactly-once kills are tests/integration/test_join.py).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from stream.clicks import ClickDelays
+from stream.join import FIRST_EMISSIONS, Click, Cursor, Entry, Impression, JoinRules, put_into
+from stream.records import FeatureBatch
+from stream.schema import Schema
+from trainer.batch import batch_from_features
+from trainer.metrics import auc_exact, ece, logloss
+from trainer.replica import Trainer
+from trainer.settings import TrainerSettings
+
+CHUNK = 1024  # impressions scored together, then what the join emitted meanwhile is learned
+
+
+def _arrivals(n: int, labels: np.ndarray, rate: float, rng: np.random.Generator) -> list[tuple[int, int, int]]:
+    """(time ms, kind 0 = impression / 1 = click, index) for every impression and click, in time order."""
+    ts = (np.arange(n) * (1000.0 / rate)).astype(np.int64)
+    clicked = np.nonzero(labels == 1)[0]
+    click_ts = ts[clicked] + ClickDelays().draw(len(clicked), rng)
+    events = [(int(t), 0, i) for i, t in enumerate(ts.tolist())]
+    events += [(int(t), 1, int(i)) for t, i in zip(click_ts.tolist(), clicked.tolist(), strict=True)]
+    events.sort()
+    return events
+
+
+def _learn_policy(
+    schema: Schema,
+    settings: TrainerSettings,
+    stream: FeatureBatch,
+    truth_labels: np.ndarray,
+    arrivals: list[tuple[int, int, int]],
+    policy: str,
+    rules: JoinRules | None,
+) -> dict[str, Any]:
+    """Score every impression on arrival, learn what the join emits; metrics against the true labels."""
+    torch.manual_seed(0)
+    trainer = Trainer(schema, settings)
+    n = len(truth_labels)
+    scores = np.zeros(n)
+    entries: dict[str, Entry] = {}
+
+    cursor = Cursor(rules, entries.get, partial(put_into, entries)) if rules is not None else None
+    ts = np.zeros(n, dtype=np.int64)
+    learned = positives = 0
+    staleness: list[int] = []
+    pending: list[int] = []
+    started = time.perf_counter()
+
+    def flush_chunk(now: int) -> None:
+        nonlocal learned, positives
+        if not pending:
+            return
+        idx = np.asarray(pending)
+        scores[idx] = trainer.predict(batch_from_features([_take(stream, idx)]))
+        if cursor is None:  # the oracle: learn the true labels at once
+            rows, labels = idx, truth_labels[idx]
+        else:
+            emitted, _, _ = cursor.take()
+            rows = np.asarray([int(e.impression_id) for e in emitted], dtype=np.int64)
+            labels = np.asarray([e.label for e in emitted], dtype=np.float32)
+            staleness.extend(now - ts[int(e.impression_id)] for e in emitted if e.kind in FIRST_EMISSIONS)
+        pending.clear()
+        if len(rows):
+            part = _take(stream, rows)
+            part = replace(part, labels=labels.astype(np.float32))
+            trainer.learn(batch_from_features([part]))
+            learned += len(rows)
+            positives += int(labels.sum())
+
+    for t, kind, i in arrivals:
+        if kind == 0:
+            ts[i] = t
+            pending.append(i)
+            if cursor is not None:
+                cursor.impression(Impression(str(i), t, b""))
+            if len(pending) >= CHUNK:
+                flush_chunk(t)
+        elif cursor is not None:
+            cursor.click(Click(str(i), t))
+    flush_chunk(int(ts.max()))
+    labels = truth_labels.astype(np.float64)
+    return {
+        "policy": policy,
+        "auc": auc_exact(labels, scores),
+        "logloss": logloss(labels, scores),
+        "ece": ece(labels, scores),
+        "positive_share_at_learning": positives / max(learned, 1),
+        "true_positive_share": float(labels.mean()),
+        "events_learned": learned,
+        "staleness_mean_s": float(np.mean(staleness)) / 1000 if staleness else 0.0,
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def _take(stream: FeatureBatch, rows: np.ndarray) -> FeatureBatch:
+    return FeatureBatch(
+        labels=stream.labels[rows],
+        dense=stream.dense[rows],
+        ids=stream.ids[rows],
+        ts=stream.ts[rows],
+        event_ids=tuple(str(int(i)) for i in rows),
+        partitions=stream.partitions[rows],
+        offsets=stream.offsets[rows],
+        schema_hash=stream.schema_hash,
+        lists=(),
+    )
+
+
+def accuracy_runs(
+    schema: Schema, settings: TrainerSettings, events: int, drift: float, rate: float, windows_s: tuple[float, ...]
+) -> list[dict[str, Any]]:
+    from bench.accuracy import synthetic_stream
+
+    stream = synthetic_stream(schema, events, drift).features
+    labels = stream.labels.astype(np.int64)
+    arrivals = _arrivals(len(labels), labels, rate, np.random.default_rng(101))
+    runs = [{"window_s": None, **_learn_policy(schema, settings, stream, labels, arrivals, "oracle", None)}]
+    for window in windows_s:
+        for policy, delayed in (("window", "none"), ("fake_negative", "fnw"), ("fake_negative", "fnc")):
+            rules = JoinRules(policy=policy, window_ms=int(window * 1000), allowed_lateness_ms=0)
+            chosen = replace(settings, optim=replace(settings.optim, delayed_feedback=delayed))
+            name = policy if delayed == "none" else f"{policy}+{delayed}"
+            run = _learn_policy(schema, chosen, stream, labels, arrivals, name, rules)
+            runs.append({"window_s": window, **run})
+            print(f"join bench: window {window:.0f}s {name}: auc {run['auc']:.4f}", flush=True)
+    return runs
+
+
+def joiner_runs(
+    kafka: Any, stream_settings: Any, schema: Schema, events: int, state_root: Path
+) -> list[dict[str, Any]]:
+    """The Joiner in process on fresh topics: impressions/s bundled and single, and state bytes."""
+    from stream.bundle import event_table
+    from stream.clicks import interleave, split_clicks
+    from stream.joiner import Joiner
+    from stream.replay import replay
+    from stream.settings import JoinSettings
+    from stream.synthetic import SyntheticConfig, SyntheticCriteo
+    from stream.topics import ensure_topics
+
+    out = []
+    for bundle, fmt in ((1000, "arrow"), (1, "json")):
+        n = events if bundle > 1 else min(events, 50_000)
+        tag = uuid.uuid4().hex[:8]
+        topics = kafka.scoped(f"bench-join-{tag}")
+        ensure_topics(topics)
+        generator = SyntheticCriteo(schema, SyntheticConfig(seed=3))
+        rows, _ = generator.generate(n)
+        split = split_clicks(event_table(rows, schema), schema, np.random.default_rng(1), event_rate=100.0)
+        records = list(
+            interleave([split], schema, topics.impressions_topic, topics.clicks_topic, topics.partitions, bundle, fmt)
+        )
+        raw_bytes = sum(len(r.value) for r in records if r.topic == topics.impressions_topic) / n
+        replay(records, topics, progress=False)
+        # a window longer than the stream: every impression is still pending at the end (state per entry)
+        join = JoinSettings(
+            window_s=10 * n / 100.0,
+            state_dir=str(state_root / tag),
+            app_id=f"bench-join-{tag}",
+            take_records=64 if bundle > 1 else 1024,
+        )
+        joiner = Joiner(topics, replace(stream_settings, join=join))
+        joiner.start()
+        read, idle, started = 0, 0, time.perf_counter()
+        total = len(records)
+        while read < total and idle < 20:
+            got = joiner.step(0.5)
+            read += got
+            idle = 0 if got else idle + 1
+        seconds = time.perf_counter() - started
+        for part in joiner.parts.values():
+            part.state.db.flush()
+        entries = sum(1 for part in joiner.parts.values() for _ in part.state.entries())
+        state = sum(f.stat().st_size for f in (state_root / tag).rglob("*.sst"))
+        joiner.close()
+        out.append(
+            {
+                "impressions": n,
+                "bundle": bundle,
+                "format": fmt,
+                "clicks": len(split.click_ids),
+                "seconds": seconds,
+                "impressions_per_s": n / seconds,
+                "clicks_per_s": len(split.click_ids) / seconds,
+                "records_read": read,
+                "pending_entries": entries,
+                "raw_bytes_per_impression": raw_bytes,
+                "state_bytes_per_pending_impression": state / max(entries, 1),
+            }
+        )
+        print(f"join bench: joiner {fmt} x{bundle}: {n / seconds:,.0f} impressions/s", flush=True)
+    return out
+
+
+def run_join_bench(
+    schema: Schema,
+    settings: TrainerSettings,
+    kafka: Any,
+    stream_settings: Any,
+    state_root: Path,
+    events: int = 300_000,
+    drift: float = 0.5,
+    rate: float = 5.0,
+) -> dict[str, Any]:
+    windows = (300.0, 1800.0)
+    runs = accuracy_runs(schema, settings, events, drift, rate, windows)
+    joiner = joiner_runs(kafka, stream_settings, schema, 200_000, state_root)
+    result = {
+        "events": events,
+        "impressions_per_event_second": rate,
+        "window_share_of_stream_30min": min(1.0, rate * 1800 / events),
+        "click_delays": {"shares": ClickDelays().shares, "means_s": ClickDelays().means_s},
+        "accuracy": runs,
+        "joiner": joiner,
+    }
+    result["targets"] = check_targets(result)
+    return result
+
+
+def check_targets(result: dict[str, Any]) -> dict[str, Any]:
+    def find(window: float | None, policy: str) -> dict[str, Any]:
+        return next(r for r in result["accuracy"] if r["window_s"] == window and r["policy"] == policy)
+
+    oracle, fnw, window = find(None, "oracle"), find(1800.0, "fake_negative+fnw"), find(1800.0, "window")
+    bundled = next(r for r in result["joiner"] if r["bundle"] > 1)
+    ratio = bundled["state_bytes_per_pending_impression"] / bundled["raw_bytes_per_impression"]
+    return {
+        "fake_negative+FNW within 0.005 AUC of the oracle (30-minute window)": [
+            oracle["auc"] - fnw["auc"],
+            0.005,
+            oracle["auc"] - fnw["auc"] <= 0.005,
+        ],
+        "fake_negative+FNW ahead of window (30-minute window)": [
+            fnw["auc"] - window["auc"],
+            0.0,
+            fnw["auc"] > window["auc"],
+        ],
+        "joiner >= 50k impressions/s per process, bundled": [
+            bundled["impressions_per_s"],
+            50_000,
+            bundled["impressions_per_s"] >= 50_000,
+        ],
+        "state <= 2x the raw bytes of a pending impression": [ratio, 2.0, ratio <= 2.0],
+    }
