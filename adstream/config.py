@@ -104,6 +104,9 @@ def build_config(sections: dict[str, dict[str, Any]]) -> Config:
         config = replace(config, kafka=replace(config.kafka, bootstrap=config.stack.bootstrap))
     if not mlflow_given:
         config = replace(config, mlflow=replace(config.mlflow, tracking_uri=config.stack.tracking_uri))
+    if not config.trainer.label_wait_s:  # fake-negative metrics wait as long as the join may label
+        join = config.stream.join
+        config = replace(config, trainer=replace(config.trainer, label_wait_s=join.window_s + join.allowed_lateness_s))
     return config
 
 

@@ -1,7 +1,13 @@
 """`adstream demo`: the whole path on the local stack, start to served prediction.
 
-up -> replay synthetic events -> Faust featurizer (subprocess) -> trainer (in process) ->
-snapshot in MLflow -> HTTP server (subprocess) -> a few predictions printed.
+up -> replay synthetic impressions and their delayed clicks -> joiner (subprocess; the
+fake_negative policy: every impression learned at once, a click as a positive copy) -> Faust
+featurizer (subprocess) -> trainer (in process, FN-weighted loss; its progressive metrics score
+each impression once against its final label) -> snapshot in MLflow -> HTTP server (subprocess)
+-> a few predictions printed.
+
+The demo's event time is short (DEMO_EVENT_RATE impressions per event-time second, clicks within
+seconds: DEMO_DELAYS), so its windows close within the demo; a live system keeps the defaults.
 """
 
 from __future__ import annotations
@@ -22,7 +28,10 @@ from adstream.checks import with_changes
 from adstream.config import Config
 from adstream.errors import CliError
 from adstream.processes import cli_process, stop_process, write_toml
-from stream.replay import replay, synthetic_records
+from stream.bundle import event_table
+from stream.clicks import ClickDelays, Split, interleave, split_clicks
+from stream.join import Click, Impression, join_all
+from stream.replay import replay
 from stream.schema import load_schema
 from stream.synthetic import SyntheticConfig, SyntheticCriteo
 from stream.topics import ensure_topics
@@ -47,6 +56,25 @@ def wait_for_model(url: str, proc: subprocess.Popen[bytes], timeout_s: float, lo
     raise CliError(f"serve: no model loaded after {timeout_s}s; log {log}")
 
 
+DEMO_EVENT_RATE = 100.0  # impressions per event-time second
+DEMO_DELAYS = ClickDelays(shares=(0.9, 0.1), means_s=(2.0, 30.0))  # clicks: most within seconds
+DEMO_WINDOW_S, DEMO_LATENESS_S = 20.0, 2.0
+
+
+def expected_copies(split: Split, config: Config) -> int:
+    """The positive copies the joiner emits for these impressions and clicks (the in-memory reference join)."""
+    arrivals: list[Impression | Click] = [
+        Impression(i, t, b"")
+        for i, t in zip(
+            split.impressions.column("event_id").to_pylist(), split.impressions.column("ts").to_pylist(), strict=True
+        )
+    ]
+    arrivals += [Click(k, t) for k, t in zip(split.click_ids, split.click_ts.tolist(), strict=True)]
+    arrivals.sort(key=lambda a: a.ts)
+    joined = join_all(arrivals, config.stream.join.rules(), flush=True)
+    return sum(e.label for e in joined.emitted)
+
+
 def demo_config(config: Config, run: str) -> Config:
     """The demo's own scope for one run: topics, consumer groups and snapshot folder of its own, so
     a second demo on a running stack starts from nothing (it never resumes an earlier run's snapshot
@@ -54,10 +82,26 @@ def demo_config(config: Config, run: str) -> Config:
     return replace(
         config,
         kafka=config.kafka.scoped(f"demo-{run}"),
-        stream=replace(config.stream, app_id=f"demo-{run}-featurizer"),
+        stream=replace(
+            config.stream,
+            app_id=f"demo-{run}-featurizer",
+            join=replace(
+                config.stream.join,
+                policy="fake_negative",
+                window_s=DEMO_WINDOW_S,
+                allowed_lateness_s=DEMO_LATENESS_S,
+                app_id=f"demo-{run}-joiner",
+                state_dir=str(Path(config.stack.state_dir) / "demo" / run / "join"),
+            ),
+        ),
         trainer=with_changes(
             config.trainer,
-            {"group_id": f"demo-{run}-trainer", "snapshot.dir": str(Path(config.stack.state_dir) / "demo" / run)},
+            {
+                "group_id": f"demo-{run}-trainer",
+                "snapshot.dir": str(Path(config.stack.state_dir) / "demo" / run),
+                "optim.delayed_feedback": "fnw",
+                "label_wait_s": DEMO_WINDOW_S + DEMO_LATENESS_S,
+            },
         ),
     )
 
@@ -79,19 +123,30 @@ def run_demo(
     config_file = write_toml(config, Path(tempfile.mkdtemp()) / "adstream.toml")
     schema = load_schema(config.stream.schema)
 
-    print("[2/6] starting the Faust featurizer", flush=True)
+    print("[2/6] starting the joiner (impressions + clicks -> labelled events) and the Faust featurizer", flush=True)
+    joiner = cli_process(config_file, "join", log=logs / "join.log")
     featurizer = cli_process(config_file, "stream", log=logs / "stream.log")
     server = None
     try:
-        print(f"[3/6] replaying {events} synthetic events into {config.kafka.events_topic}", flush=True)
+        kafka = config.kafka
+        print(f"[3/6] replaying {events} synthetic impressions and their delayed clicks", flush=True)
         generator = SyntheticCriteo(schema, SyntheticConfig(seed=seed))  # the same world every run
         train_events, truth = generator.generate(events)
         labels = np.array([e[schema.label] for e in train_events])
-        replayed = replay(synthetic_records(train_events, schema), config.kafka, total=events)
-        print(f"      {replayed.events} events, {replayed.events_per_s:,.0f} events/s", flush=True)
+        split = split_clicks(
+            event_table(train_events, schema), schema, np.random.default_rng(seed), DEMO_DELAYS, DEMO_EVENT_RATE
+        )
+        records = interleave([split], schema, kafka.impressions_topic, kafka.clicks_topic, kafka.partitions)
+        replayed = replay(records, kafka, total=events + len(split.click_ids))
+        print(f"      {events} impressions, {len(split.click_ids)} clicks, {replayed.events_per_s:,.0f} records/s")
 
         print("[4/6] training until every replayed event is learned, publishing snapshots to MLflow", flush=True)
-        summary = run_training(schema, config.kafka, config.trainer, config.mlflow, max_events=events, idle_exit_s=120)
+        # the joiner emits every impression and a positive copy per attributed click: learn them all
+        # (but the few clicks whose attribution a run's timing decides: 2% slack)
+        to_learn = events + int(0.98 * expected_copies(split, config))
+        summary = run_training(
+            schema, config.kafka, config.trainer, config.mlflow, max_events=to_learn, idle_exit_s=120
+        )
         if summary.events < events:
             raise CliError(f"demo: trainer learned {summary.events} of {events} events; see {logs / 'stream.log'}")
 
@@ -114,8 +169,10 @@ def run_demo(
         if server is not None:
             stop_process(server)
         stop_process(featurizer)
+        stop_process(joiner)
     result = {
-        "events_replayed": replayed.events,
+        "events_replayed": events,
+        "clicks_replayed": len(split.click_ids),
         "replay_events_per_s": replayed.events_per_s,
         "batches_built": summary.batches_built,
         "train_steps": summary.steps,

@@ -23,6 +23,7 @@ import asyncio
 import gc
 import hmac
 import logging
+import math
 import os
 import shutil
 from collections.abc import AsyncIterator, Callable
@@ -230,7 +231,9 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> FastA
                 "schema_name": m.schema_name,
                 "step": m.step,
                 "events": m.events,
-                "metrics": m.metrics,
+                # a metric not measured yet is NaN (no final label yet, one class only): JSON has no
+                # NaN, so it is null here
+                "metrics": {k: (v if math.isfinite(v) else None) for k, v in m.metrics.items()},
                 "offsets": m.offsets,
                 "kind": m.kind,
                 "newest_event_ms": m.newest_event_ms,  # the newest event time the served model learned

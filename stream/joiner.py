@@ -74,6 +74,7 @@ class _Partition:
     clicks_offset: int
     touched: bool = False  # read from in this chunk
     newest_click: int = -(1 << 62)  # newest click time read (since start)
+    paused: bool = False  # the impressions partition is paused: it ran ahead of the clicks (Joiner._align)
     outputs: list[PendingOutput] = field(default_factory=list)
 
 
@@ -168,7 +169,9 @@ class Joiner:
         """Read one chunk, join it, commit it; returns the records read."""
         messages = self.consumer.consume(self.join.take_records, timeout_s)
         messages = [m for m in messages if m.error() is None or _log_error(m)]
-        if not messages:
+        for part in self.parts.values():
+            part.touched = part.touched or part.paused  # a paused partition may resume: look at it again
+        if not messages and not any(part.touched for part in self.parts.values()):
             return 0
         imp = self.kafka.impressions_topic
         messages.sort(key=lambda m: m.topic() == imp)  # a chunk's clicks first: fewer wait as early clicks
@@ -210,8 +213,32 @@ class Joiner:
         part.cursor.clicks_frontier = None if caught_up else part.newest_click
         part.cursor.fire(part.cursor.watermark)
 
+    def _align(self, p: int, part: _Partition) -> None:
+        """Read the two inputs in step, in event time: while the clicks partition is behind (unread
+        clicks) and the impressions are more than the lateness allowance ahead of its newest click,
+        pause the impressions partition; resume it once the clicks caught up. So the joiner's output
+        follows event time (a fake negative and its positive copy come about a click delay apart, as
+        live), and the state does not grow with how far one input ran ahead of the other."""
+        from confluent_kafka import TopicPartition
+
+        ahead = (
+            part.cursor.clicks_frontier is not None
+            and part.cursor.newest is not None
+            and part.cursor.newest > part.newest_click + self.rules.allowed_lateness_ms
+        )
+        if ahead != part.paused:
+            tp = [TopicPartition(self.kafka.impressions_topic, p, part.impressions_offset)]
+            if ahead:
+                self.consumer.pause(tp)
+            else:
+                self.consumer.resume(tp)
+                if part.impressions_offset >= 0:
+                    self.consumer.seek(tp[0])  # from the next impression not yet read
+            part.paused = ahead
+
     def _close_chunk(self, p: int, part: _Partition) -> None:
         self._move_frontier(p, part)
+        self._align(p, part)
         emitted, dead, counts = part.cursor.take()
         part.outputs += self._bundles(emitted)
         for click in dead:

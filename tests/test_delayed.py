@@ -5,7 +5,9 @@ probability back to the true one."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
+import numpy as np
 import torch
 
 from trainer.delayed import fn_calibrated, fn_weighted_logloss, fn_weights
@@ -82,3 +84,46 @@ def test_the_trainer_weights_its_loss_under_fnw_and_serves_b_over_1_minus_b_unde
     fnc, _, fnc_table = _model("fnc")
     b = torch.from_numpy(predict(plain, plain_table, batch))
     torch.testing.assert_close(torch.from_numpy(predict(fnc, fnc_table, batch)), fn_calibrated(b))
+
+
+def test_final_labels_score_each_impression_once_with_its_first_prediction():
+    from trainer.delayed import FinalLabels
+
+    held = FinalLabels(wait_ms=1000)
+    got = held.add(("a", "b"), np.array([0.0, 0.0]), np.array([0.3, 0.6]), now_ms=0)
+    assert len(got[0]) == 0 and len(held) == 2  # both wait for their final label
+    got = held.add(("a", "ghost", "b"), np.array([1.0, 1.0, 0.0]), np.array([0.9, 0.8, 0.1]), now_ms=10)
+    assert len(got[0]) == 0  # a copy marks a clicked; one for no held impression and a repeat change nothing
+    labels, probs = held.add(("c",), np.array([0.0]), np.array([0.2]), now_ms=1011)
+    assert labels.tolist() == [1.0, 0.0] and probs.tolist() == [0.3, 0.6]  # first predictions, final labels
+    assert len(held) == 1
+    capped = FinalLabels(wait_ms=10**9, max_held=1)
+    assert capped.add(("x", "y"), np.zeros(2), np.array([0.1, 0.2]), 0)[1].tolist() == [0.1]  # oldest scored early
+
+
+def test_the_trainer_scores_a_clicked_impression_once_under_fake_negative(schema):
+    from stream.decode import event_from_mapping
+    from stream.featurize import featurize
+    from tests.helpers import criteo_event
+    from trainer.batch import batch_from_features
+    from trainer.replica import Trainer
+    from trainer.settings import ModelSettings, OptimSettings, StoreSettings, TrainerSettings
+
+    settings = TrainerSettings(
+        model=ModelSettings(embed_dim=4, hidden=(16,)),
+        store=StoreSettings(ram_bytes=1 << 26),
+        optim=OptimSettings(delayed_feedback="fnw"),
+        label_wait_s=1.0,
+    )
+    trainer = Trainer(schema, settings)
+
+    def batch(rows: list[tuple[int, int]], now_ms: int):
+        events = [event_from_mapping(criteo_event(i, label=label, ts=now_ms), schema) for i, label in rows]
+        fb = featurize(events, schema)
+        return replace(batch_from_features([fb]), newest_ms=now_ms)
+
+    trainer.learn(batch([(i, 0) for i in range(20)], 0))  # 20 impressions, all fake negatives
+    trainer.learn(batch([(i, 1) for i in range(5)], 500))  # 5 of them clicked: positive copies
+    assert trainer.metrics.count == 0  # nothing final yet
+    trainer.learn(batch([(i, 0) for i in range(20, 30)], 2000))  # later impressions: the first 20 are final
+    assert trainer.metrics.count == 20 and trainer.metrics.pos_hist.sum() == 5

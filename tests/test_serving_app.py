@@ -221,3 +221,19 @@ def test_a_thousand_fuzzed_requests_get_4xx_naming_the_field_never_5xx(schema, s
         check()
         assert client.post("/predict", json=unlabelled(3)).status_code == 200  # still serving
     assert len(statuses) >= 1000 and max(statuses) < 500 and statuses.count(422) > 500
+
+
+def test_a_metric_not_measured_yet_is_null_in_model_info_not_an_error(schema, snapshots):
+    """A snapshot whose metrics are NaN (no final label yet under fake_negative, or one class only)."""
+    import time
+
+    served = snapshots[0]
+    nan_manifest = replace(served.manifest, metrics={**served.manifest.metrics, "progressive_auc": float("nan")})
+    queue: list = [replace(served, manifest=nan_manifest)]
+    with make_client(schema, queue) as client:
+        deadline = time.monotonic() + 10
+        while client.get("/healthz").json()["model_loaded"] is False and time.monotonic() < deadline:
+            time.sleep(0.02)
+        response = client.get("/model")
+        assert response.status_code == 200
+        assert response.json()["metrics"]["progressive_auc"] is None

@@ -16,6 +16,7 @@ and scores, serves and measures b / (1 - b) under "fnc" (`ctr_of`).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -35,3 +36,44 @@ def fn_calibrated(biased: torch.Tensor) -> torch.Tensor:
     """FNC's served CTR from a model of the fake-negative labels: b / (1 - b), which is p when
     b = p / (1 + p); clipped to [0, 1] (b above 1/2 has no true probability behind it)."""
     return (biased / (1 - biased).clamp_min(1e-7)).clamp(0.0, 1.0)
+
+
+class FinalLabels:
+    """Progressive metrics against final labels under the fake_negative policy: each impression
+    scored once, with the prediction made when it first arrived (its label-0 emission), against the
+    label it has once its window is over (1 if a positive copy came, else 0).
+
+    Under fake_negative every first emission is labelled 0 and every later one 1, so the labels
+    alone say which is which. `add(event_ids, labels, probs, now_ms)` holds the first emissions,
+    marks the held ones a copy names as clicked, and returns (labels, probs) of the impressions
+    whose wait is over (first seen more than `wait_ms` of event time before `now_ms`), in the order
+    they came. A copy whose impression is not held (scored already, or seen by another replica)
+    changes nothing. At most `max_held` impressions are held; past that the oldest are scored
+    early (a metric of a little less delay, never lost memory).
+    """
+
+    def __init__(self, wait_ms: int, max_held: int = 2_000_000) -> None:
+        self.wait_ms, self.max_held = wait_ms, max_held
+        self._held: dict[str, list] = {}  # event id -> [prob, first seen ms, clicked]; insertion order = time order
+
+    def add(
+        self, event_ids: tuple[str, ...], labels: np.ndarray, probs: np.ndarray, now_ms: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        held = self._held
+        for event_id, label, prob in zip(event_ids, labels.tolist(), probs.tolist(), strict=True):
+            if label < 0.5:
+                held.setdefault(event_id, [prob, now_ms, 0])
+            elif event_id in held:
+                held[event_id][2] = 1
+        done_labels, done_probs = [], []
+        while held:
+            event_id, (prob, seen, clicked) = next(iter(held.items()))
+            if now_ms - seen <= self.wait_ms and len(held) <= self.max_held:
+                break
+            del held[event_id]
+            done_labels.append(clicked)
+            done_probs.append(prob)
+        return np.asarray(done_labels, dtype=np.float32), np.asarray(done_probs, dtype=np.float64)
+
+    def __len__(self) -> int:
+        return len(self._held)

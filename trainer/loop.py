@@ -75,8 +75,8 @@ class TrainSummary:
 # which labels the progressive metrics score, as a run parameter in MLflow
 METRICS_LABELS = {
     "none": "the labels as they arrive (final labels: the joiner's window policy, or labelled logs)",
-    "fnw": "the labels as they arrive: each impression once as a fake negative, a clicked one again as a positive",
-    "fnc": "the labels as they arrive: each impression once as a fake negative, a clicked one again as a positive",
+    "fnw": "final labels: each impression once, its first prediction against its label trainer.label_wait_s later",
+    "fnc": "final labels: each impression once, its first prediction against its label trainer.label_wait_s later",
 }
 
 

@@ -29,6 +29,7 @@ from store.topology import Topology
 from stream.featurize import shared_ids
 from stream.schema import Schema
 from trainer.batch import Batch
+from trainer.delayed import FinalLabels
 from trainer.errors import SnapshotError, TrainerError
 from trainer.group import check_gpu, local_gpu
 from trainer.merge import (
@@ -207,6 +208,9 @@ class Trainer:
         self.node_group, self.cross_group, self.nodes = node_groups(self.world, self.rank, self.sharded)
         self.shards = ShardedTable(self.table, self.node_group)
         self.metrics = ProgressiveMetrics(window=settings.metrics_window)
+        # fake-negative labels: score each impression once, against its final label (trainer/delayed.py)
+        fake_negatives = settings.optim.delayed_feedback != "none"
+        self.final_labels = FinalLabels(round(settings.label_wait_s * 1000)) if fake_negatives else None
         self.step = 0
         self.events = 0
         self.offsets: dict[int, int] = {}  # partition -> next offset to consume, for the partitions learned here
@@ -217,7 +221,12 @@ class Trainer:
         self.merges = 0
 
     def _record(self, batch: Batch, probs: np.ndarray, started: float) -> None:
-        self.metrics.update(batch.labels.numpy(), probs)
+        if self.final_labels is None or len(batch.event_ids) != len(batch):
+            self.metrics.update(batch.labels.numpy(), probs)
+        else:
+            final, first_probs = self.final_labels.add(batch.event_ids, batch.labels.numpy(), probs, batch.newest_ms)
+            if len(final):
+                self.metrics.update(final, first_probs)
         self.events += len(batch)
         self.offsets.update(batch.source_offsets)
         self.newest_event_ms = max(self.newest_event_ms, batch.newest_ms)

@@ -150,6 +150,10 @@ class TrainerSettings:
     threads: int = at_least(0, 0)  # torch threads; 0 = torch's default
     idle_s: float = at_least(0, 1.0)  # with no full batch after this long, learn what there is (or report idle)
     metrics_window: int = at_least(1, 10_000)  # events in the sliding-window AUC/logloss
+    # under optim.delayed_feedback "fnw"/"fnc" (the joiner's fake_negative policy): the metrics score
+    # each impression once, against its label this many event-time seconds after it first came; 0
+    # (the default) = the joiner's stream.join.window_s + allowed_lateness_s, filled in by the config
+    label_wait_s: float = at_least(0, 0.0)
     log_every_steps: int = at_least(1, 20)  # MLflow metrics every this many steps
     metrics_port: int = at_least(0, 0)  # Prometheus endpoint; 0 = off
     metrics_host: str = "127.0.0.1"  # interface it binds; "0.0.0.0" in a container, for the stack's network only

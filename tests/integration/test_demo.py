@@ -12,10 +12,10 @@ from tests.integration.helpers import free_port
 
 def test_the_demo_gives_the_same_honest_answer_twice(isolated, tmp_path):
     config = replace(isolated, serving=replace(isolated.serving, port=free_port()))
-    first = run_demo(config, events=12_000, show=3, seed=11)
-    second = run_demo(config, events=12_000, show=3, seed=11)
+    first = run_demo(config, events=60_000, show=3, seed=11)
+    second = run_demo(config, events=60_000, show=3, seed=11)
     for run in (first, second):
-        assert run["events_replayed"] == 12_000 and len(run["predictions"]) == 3
+        assert run["events_replayed"] == 60_000 and len(run["predictions"]) == 3
         assert run["progressive_auc"] > 0.6  # a learner that resumed and stopped at once sat at 0.48
     assert first["ground_truth_auc"] == second["ground_truth_auc"]  # the same world
     assert first["events_topic"] != second["events_topic"]  # ... replayed into a scope of its own
