@@ -280,8 +280,11 @@ class Cursor:
         key = imp.impression_id
         before = self.get(key)
         self._apply(key, before, on_impression(before, imp, self.watermark, self.rules))
-        self.newest = imp.ts if self.newest is None else max(self.newest, imp.ts)
-        self.fire(self.watermark)
+        if self.newest is None or imp.ts > self.newest:
+            self.newest = imp.ts
+            watermark = self.watermark
+            if self.timers and self.timers[0][0] <= watermark:
+                self.fire(watermark)
 
     def click(self, click: Click) -> None:
         key = click.impression_id

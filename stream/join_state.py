@@ -110,14 +110,21 @@ class PartitionState:
         options.set_compression_type(DBCompressionType.lz4())  # JSON payloads compress ~3x
         self.db = Rdict(str(self.path), options=options)
         self._staged: dict[str, Entry | None] = {}
+        self._read: dict[str, bytes | None] = {}  # entries read ahead (`preload`) for this chunk
         raw = self.db.get(PROGRESS)
         self.progress = Progress(**orjson.loads(raw)) if raw is not None else Progress()
 
     def get(self, key: str) -> Entry | None:
         if key in self._staged:
             return self._staged[key]
-        raw = self.db.get(ENTRY + key.encode())
+        raw = self._read.pop(key) if key in self._read else self.db.get(ENTRY + key.encode())
         return None if raw is None else decode_entry(key, raw)  # type: ignore[arg-type]
+
+    def preload(self, keys: list[str]) -> None:
+        """Read the entries of many ids in one multi-get (a bundle's impressions), for `get`."""
+        wanted = [k for k in keys if k not in self._staged]
+        if wanted:
+            self._read.update(zip(wanted, self.db.get([ENTRY + k.encode() for k in wanted]), strict=True))  # type: ignore[arg-type]
 
     def stage(self, key: str, entry: Entry | None) -> None:
         """Change an entry in memory; `commit` writes it."""
@@ -137,6 +144,7 @@ class PartitionState:
         batch.put(PENDING, encode_outputs(outputs))
         self.db.write(batch)
         self._staged.clear()
+        self._read.clear()
         self.progress = progress
 
     def pending_outputs(self) -> list[PendingOutput]:

@@ -183,6 +183,8 @@ class Joiner:
             if topic == imp:
                 impressions, bad = read_impressions(record, self.schema)
                 IMPRESSIONS.inc(len(impressions))
+                if len(impressions) > 1:
+                    part.state.preload([i.impression_id for i in impressions])
                 for impression in impressions:
                     part.cursor.impression(impression)
                 part.impressions_offset = offset + 1

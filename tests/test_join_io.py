@@ -1,0 +1,121 @@
+"""The joiner's pieces without Kafka: reading impressions and clicks (bad ones get their reason),
+the state's encoding and its atomic chunk commit surviving a reopen, and `replay --clicks`'s
+split of labelled rows into impressions and delayed clicks, in time order and co-partitioned."""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+import pyarrow as pa
+
+from stream.bundle import encode_table, event_table
+from stream.clicks import ClickDelays, interleave, murmur2_partition, split_clicks
+from stream.join import Click, Entry, Impression
+from stream.join_input import ClickFields, labelled, read_clicks, read_impressions
+from stream.join_state import PartitionState, PendingOutput, Progress, decode_entry, encode_entry
+from stream.records import RawRecord
+from tests.helpers import criteo_event
+
+
+def impression(i: int, **changes: object) -> dict[str, object]:
+    event = criteo_event(i, **changes)
+    event.pop("label")
+    return event
+
+
+def test_impressions_json_lines_and_arrow_give_the_same_payloads_and_the_same_reasons(schema):
+    good = [impression(i) for i in range(3)]
+    bad = [impression(9, event_id=""), impression(10, ts=-5), {**impression(11), "label": 1}]
+    lines = b"\n".join(orjson.dumps(e) for e in [*good, *bad])
+    from_json, rejected_json = read_impressions(RawRecord(0, 7, lines), schema)
+    table = event_table([{**e, "label": e.get("label")} for e in [*good, *bad]], schema)
+    from_arrow, rejected_arrow = read_impressions(RawRecord(0, 7, encode_table(table)), schema)
+    for got in (from_json, from_arrow):
+        assert [(i.impression_id, i.ts) for i in got] == [(str(e["event_id"]), e["ts"]) for e in good]
+        assert [orjson.loads(labelled(i.payload, "label", 1)) for i in got] == [{**e, "label": 1} for e in good]
+    reasons = [
+        "event_id: must be a non-empty string or an integer",
+        "ts: must be a non-negative integer (ms) below 2^62",
+        "label: an impression carries no label: the joiner sets it from the clicks",
+    ]
+    assert [r.reason for r in rejected_json] == reasons
+    assert [r.reason for r in rejected_arrow] == reasons
+    assert all(r.offset == 7 for r in rejected_json + rejected_arrow)
+
+
+def test_a_record_that_is_no_impression_at_all_is_one_reason(schema):
+    for value, start in ((b"not json", "record: not JSON"), (b"[1, 2]", "record: not a JSON object")):
+        good, bad = read_impressions(RawRecord(1, 2, value), schema)
+        assert good == [] and len(bad) == 1 and bad[0].reason.startswith(start)
+    table = pa.table({"ts": pa.array([1, 2])})
+    _, bad = read_impressions(RawRecord(1, 3, encode_table(table)), schema)
+    assert [b.reason for b in bad] == ["event_id: missing field (no such column in the Arrow bundle)"]
+
+
+def test_clicks_are_read_with_the_named_fields_and_bad_ones_rejected():
+    fields = ClickFields("imp", "at")
+    value = b'{"imp": "a", "at": 5}\n{"imp": "", "at": 5}\n{"imp": "b"}\n{"imp": "c", "at": true}'
+    good, bad = read_clicks(RawRecord(0, 1, value), fields)
+    assert good == [Click("a", 5)]
+    assert [b.reason for b in bad] == [
+        "imp: must be a non-empty string or an integer",
+        "at: missing field",
+        "at: must be a non-negative integer (ms) below 2^62",
+    ]
+
+
+def test_entries_round_trip_and_a_chunk_commit_survives_a_reopen(tmp_path):
+    entries = [
+        Entry(Impression("a", 10, b'{"x":1}'), clicked=True, emitted=True, closed=False, due=99),
+        Entry(early_click=Click("b", 7), due=50),
+        Entry(Impression("c", 3, b""), emitted=True, closed=True, due=1000),
+    ]
+    for key, entry in zip("abc", entries, strict=True):
+        assert decode_entry(key, encode_entry(entry)) == entry
+    state = PartitionState(tmp_path / "p0")
+    state.stage("a", entries[0])
+    state.stage("b", entries[1])
+    outputs = [
+        PendingOutput("events", b"a", b'{"x":1,"label":1}'),
+        PendingOutput("dlq", b"", b"?", (("reason", b"r"),)),
+    ]
+    state.commit(Progress(5, 3, 10, 1), outputs)
+    state.stage("b", None)  # staged, never committed: a crash forgets it
+    state.close()
+    reopened = PartitionState(tmp_path / "p0")
+    assert reopened.progress == Progress(5, 3, 10, 1)
+    assert reopened.pending_outputs() == outputs
+    assert dict(reopened.entries()) == {"a": entries[0], "b": entries[1]}
+    reopened.preload(["a", "zz"])
+    assert reopened.get("a") == entries[0] and reopened.get("zz") is None
+
+
+def test_replay_clicks_splits_rows_into_impressions_and_later_clicks_each_in_its_partition(schema):
+    events = [criteo_event(i, label=i % 3 == 0) for i in range(300)]
+    events = [{**e, "label": int(e["label"])} for e in events]
+    split = split_clicks(event_table(events, schema), schema, np.random.default_rng(0), ClickDelays(), 10.0, 1000)
+    assert schema.label not in split.impressions.column_names
+    assert split.impressions.column("ts").to_pylist() == [1000 + 100 * i for i in range(300)]
+    assert sorted(split.click_ids) == sorted(str(e["event_id"]) for e in events if e["label"])
+    imp_ts = dict(zip(split.impressions.column("event_id").to_pylist(), split.impressions.column("ts").to_pylist()))
+    assert all(t >= imp_ts[k] for k, t in zip(split.click_ids, split.click_ts.tolist()))
+    records = list(interleave([split], schema, "imp", "clk", 3, bundle=20, fmt="arrow"))
+    seen: set[str] = set()
+    for record in records:
+        if record.topic == "clk":
+            click = orjson.loads(record.value)
+            assert record.partition == murmur2_partition(click["impression_id"].encode(), 3)
+            assert click["impression_id"] in seen  # its impression went before it
+        else:
+            table = pa.ipc.open_stream(record.value).read_all()
+            ids = table.column("event_id").to_pylist()
+            assert {murmur2_partition(i.encode(), 3) for i in ids} == {record.partition}  # one partition a bundle
+            seen.update(ids)
+    assert seen == set(imp_ts) and sum(r.topic == "clk" for r in records) == len(split.click_ids)
+
+
+def test_murmur2_matches_kafkas_java_partitioner_on_known_keys():
+    # Kafka's own test vectors for Utils.murmur2 (as unsigned ints), through toPositive % 2^31
+    vectors = {b"21": -973932308, b"foobar": -790332482, b"a-little-bit-long-string": -985981536}
+    for key, signed in vectors.items():
+        assert murmur2_partition(key, 1 << 31) == (signed & 0x7FFFFFFF)
