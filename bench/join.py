@@ -16,6 +16,7 @@ the impression's raw bytes (the exactly-once kills are tests/integration/test_jo
 
 from __future__ import annotations
 
+import collections
 import time
 import uuid
 from dataclasses import replace
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import torch
 
 from stream.clicks import ClickDelays
@@ -190,7 +192,7 @@ def joiner_runs(
         read, idle, started = 0, 0, time.perf_counter()
         total = len(records)
         while read < total and idle < 20:
-            got = joiner.step(0.5)
+            got = joiner.step(0.5)  # a bounded backlog: fill chunks
             read += got
             idle = 0 if got else idle + 1
         seconds = time.perf_counter() - started
@@ -231,6 +233,9 @@ def run_join_bench(
     windows = (300.0, 1800.0)
     runs = accuracy_runs(schema, settings, events, drift, rate, windows)
     joiner = joiner_runs(kafka, stream_settings, schema, 200_000, state_root)
+    latency = latency_runs(kafka, stream_settings, schema, state_root)
+    kills = kill_run(kafka, stream_settings, schema, state_root)
+    print(f"join bench: 5 kills: {kills}", flush=True)
     result = {
         "events": events,
         "impressions_per_event_second": rate,
@@ -238,6 +243,8 @@ def run_join_bench(
         "click_delays": {"shares": ClickDelays().shares, "means_s": ClickDelays().means_s},
         "accuracy": runs,
         "joiner": joiner,
+        "latency": latency,
+        "kills": kills,
     }
     result["targets"] = check_targets(result)
     return result
@@ -250,7 +257,13 @@ def check_targets(result: dict[str, Any]) -> dict[str, Any]:
     oracle, fnw, window = find(None, "oracle"), find(1800.0, "fake_negative+fnw"), find(1800.0, "window")
     bundled = next(r for r in result["joiner"] if r["bundle"] > 1)
     ratio = bundled["state_bytes_per_pending_impression"] / bundled["raw_bytes_per_impression"]
+    kills = result["kills"]
     return {
+        "window: 0 lost, 0 duplicated, 0 wrong labels across 5 SIGKILLs": [
+            kills["lost"] + kills["duplicated"] + kills["wrong_label"],
+            0,
+            kills["lost"] + kills["duplicated"] + kills["wrong_label"] == 0 and kills["kills"] == 5,
+        ],
         "fake_negative+FNW within 0.005 AUC of the oracle (30-minute window)": [
             oracle["auc"] - fnw["auc"],
             0.005,
@@ -267,4 +280,235 @@ def check_targets(result: dict[str, Any]) -> dict[str, Any]:
             bundled["impressions_per_s"] >= 50_000,
         ],
         "state <= 2x the raw bytes of a pending impression": [ratio, 2.0, ratio <= 2.0],
+    }
+
+
+# --- the joiner on the local stack: latency and kills ----------------------------------------
+def _spawn_joiner(kafka: Any, stream_settings: Any) -> Any:
+    """`adstream join`'s worker in a child process (spawned: a fresh interpreter, as the CLI's)."""
+    import multiprocessing
+
+    from stream.joiner import run_joiner
+
+    child = multiprocessing.get_context("spawn").Process(target=run_joiner, args=(kafka, stream_settings))
+    child.start()
+    return child
+
+
+def _read_committed(bootstrap: str, group: str) -> Any:
+    from confluent_kafka import Consumer
+
+    return Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
+
+
+def _latencies(consumer: Any, done: Any, policy: str, out: list[tuple[int, float]]) -> None:
+    """Until done: (label, wall time minus event time (= the impression's production)) of each
+    first emission (under fake_negative, the label-0 ones; under window, every one)."""
+    while not done.is_set():
+        for message in consumer.consume(500, 0.05):
+            if message.error() is None:
+                now = time.time() * 1000
+                for line in message.value().split(b"\n"):
+                    event = orjson.loads(line)
+                    if event["label"] == 0 or policy == "window":
+                        out.append((event["label"], now - event["ts"]))
+
+
+def _percentile(latencies: list[tuple[int, float]], label: int | None, q: float) -> float:
+    values = [ms for lab, ms in latencies if label is None or lab == label]
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def latency_runs(
+    kafka: Any, stream_settings: Any, schema: Schema, state_root: Path, seconds: float = 12.0, rate: float = 1000.0
+) -> list[dict[str, Any]]:
+    """Impressions produced live (event time = wall time, `rate` per second, one JSON record each)
+    with clicks ~0.5 s later; per policy, the wall time from an impression's production to its
+    first labelled emission on the events topic (window 3 s, lateness 0.5 s)."""
+    import heapq
+    import threading
+
+    from confluent_kafka import Producer
+
+    from stream.clicks import click_record, murmur2_partition
+    from stream.settings import JoinSettings
+    from stream.synthetic import SyntheticConfig, SyntheticCriteo
+    from stream.topics import ensure_topics
+
+    out = []
+    rows, _ = SyntheticCriteo(schema, SyntheticConfig(seed=5)).generate(int(seconds * rate))
+    for policy in ("window", "fake_negative"):
+        tag = uuid.uuid4().hex[:8]
+        topics = kafka.scoped(f"bench-joinlat-{tag}")
+        ensure_topics(topics)
+        join = JoinSettings(
+            policy=policy,
+            window_s=3.0,
+            allowed_lateness_s=0.5,
+            state_dir=str(state_root / tag),
+            app_id=f"bench-joinlat-{tag}",
+        )
+        child = _spawn_joiner(topics, replace(stream_settings, join=join))
+        consumer = _read_committed(topics.bootstrap, f"bench-joinlat-{tag}-reader")
+        consumer.subscribe([topics.events_topic])
+        latencies: list[tuple[int, float]] = []
+        done = threading.Event()
+
+        reader = threading.Thread(target=_latencies, args=(consumer, done, policy, latencies), daemon=True)
+        reader.start()
+        time.sleep(8)  # the joiner's start (a spawned interpreter, init_transactions)
+        producer = Producer({"bootstrap.servers": topics.bootstrap, "linger.ms": 2})
+        clicks: list[tuple[float, str]] = []
+        start = time.time()
+        for i, row in enumerate(rows):
+            due = start + i / rate
+            while True:
+                now = time.time()
+                while clicks and clicks[0][0] <= now:
+                    _, key = heapq.heappop(clicks)
+                    producer.produce(
+                        topics.clicks_topic,
+                        click_record(key, int(now * 1000)),
+                        key.encode(),
+                        partition=murmur2_partition(key.encode(), topics.partitions),
+                    )
+                if now >= due:
+                    break
+                time.sleep(min(due - now, 0.001))
+            event = {k: v for k, v in row.items() if k != schema.label} | {schema.timestamp: int(time.time() * 1000)}
+            raw = str(event[schema.event_id]).encode()
+            producer.produce(
+                topics.impressions_topic, orjson.dumps(event), raw, partition=murmur2_partition(raw, topics.partitions)
+            )
+            producer.poll(0)
+            if row[schema.label]:
+                heapq.heappush(
+                    clicks,
+                    (time.time() + float(np.random.default_rng(i).exponential(0.5)), str(event[schema.event_id])),
+                )
+        producer.flush(30)
+        time.sleep(join.window_s + 3)
+        done.set()
+        reader.join(10)
+        consumer.close()
+        child.kill()
+        child.join()
+
+        out.append(
+            {
+                "policy": policy,
+                "impressions": len(rows),
+                "emitted_first": len(latencies),
+                "latency_p50_ms": _percentile(latencies, None, 50),
+                "latency_p99_ms": _percentile(latencies, None, 99),
+                # window: a click emits at once, an unclicked impression when its window closes
+                "positives_p50_ms": _percentile(latencies, 1, 50) if policy == "window" else None,
+                "negatives_p50_ms": _percentile(latencies, 0, 50) if policy == "window" else None,
+                "window_s": join.window_s,
+                "chunk_wait_s": join.chunk_wait_s,
+            }
+        )
+        print(
+            f"join bench: latency {policy}: p50 {out[-1]['latency_p50_ms']:.0f} ms, "
+            f"p99 {out[-1]['latency_p99_ms']:.0f} ms",
+            flush=True,
+        )
+    return out
+
+
+def kill_run(
+    kafka: Any, stream_settings: Any, schema: Schema, state_root: Path, events: int = 20_000, kills: int = 5
+) -> dict[str, Any]:
+    """`window` on a replay of impressions + clicks with a SIGKILL of the joiner at `kills` random
+    points (each restart resumes from its state); the emitted events against the truth, one by one."""
+    import os
+    import random
+    import signal
+
+    from stream.bundle import event_table
+    from stream.clicks import interleave, murmur2_partition, split_clicks
+    from stream.replay import replay
+    from stream.settings import JoinSettings
+    from stream.synthetic import SyntheticConfig, SyntheticCriteo
+    from stream.topics import ensure_topics
+
+    tag = uuid.uuid4().hex[:8]
+    topics = kafka.scoped(f"bench-joinkill-{tag}")
+    ensure_topics(topics)
+    window_s, lateness_s, rate = 60.0, 5.0, 100.0
+    rows, _ = SyntheticCriteo(schema, SyntheticConfig(seed=13)).generate(events)
+    split = split_clicks(event_table(rows, schema), schema, np.random.default_rng(13), event_rate=rate)
+    imp_ts = dict(
+        zip(
+            split.impressions.column(schema.event_id).to_pylist(),
+            split.impressions.column(schema.timestamp).to_pylist(),
+            strict=True,
+        )
+    )
+    in_window = {
+        k for k, t in zip(split.click_ids, split.click_ts.tolist(), strict=True) if t - imp_ts[k] <= window_s * 1000
+    }
+    end = max(imp_ts.values()) + int((window_s + lateness_s + 10) * 1000)
+    sentinels: dict[int, dict[str, Any]] = {}
+    for n in range(1000):  # an impression past every window in each partition closes them all
+        key = f"sentinel-{n}"
+        sentinels.setdefault(
+            murmur2_partition(key.encode(), topics.partitions), {**rows[0], schema.event_id: key, schema.timestamp: end}
+        )
+    tail = split_clicks(event_table(list(sentinels.values()), schema), schema, np.random.default_rng(0))
+    tail = replace(tail, click_ids=[], click_ts=np.zeros(0, np.int64))
+    args = (schema, topics.impressions_topic, topics.clicks_topic, topics.partitions)
+    replay([*interleave([split], *args, bundle=100, fmt="arrow"), *interleave([tail], *args)], topics, progress=False)
+    join = JoinSettings(
+        window_s=window_s,
+        allowed_lateness_s=lateness_s,
+        state_dir=str(state_root / tag),
+        app_id=f"bench-joinkill-{tag}",
+        take_records=16,
+    )
+    settings = replace(stream_settings, join=join)
+    rng = random.Random(13)
+    started = time.perf_counter()
+    for _ in range(kills):
+        child = _spawn_joiner(topics, settings)
+        time.sleep(rng.uniform(6.0, 10.0))
+        os.kill(child.pid, signal.SIGKILL)
+        child.join()
+    child = _spawn_joiner(topics, settings)
+    consumer = _read_committed(topics.bootstrap, f"bench-joinkill-{tag}-reader")
+    consumer.subscribe([topics.events_topic])
+    seen: collections.Counter[str] = collections.Counter()
+    labels: dict[str, int] = {}
+    deadline, quiet_since = time.monotonic() + 300, time.monotonic()
+    while time.monotonic() < deadline and (len(seen) < len(imp_ts) or time.monotonic() - quiet_since < 5):
+        got = [m for m in consumer.consume(500, 0.5) if m.error() is None]
+        if got:
+            quiet_since = time.monotonic()
+        for message in got:
+            for line in message.value().split(b"\n"):
+                event = orjson.loads(line)
+                if not str(event[schema.event_id]).startswith("sentinel-"):
+                    seen[event[schema.event_id]] += 1
+                    labels[event[schema.event_id]] = event[schema.label]
+    consumer.close()
+    child.kill()
+    child.join()
+    truth = {k: int(k in in_window) for k in imp_ts}
+    return {
+        "impressions": events,
+        "clicks": len(split.click_ids),
+        "kills": kills,
+        "seconds": time.perf_counter() - started,
+        "lost": sum(1 for k in truth if k not in seen),
+        "duplicated": sum(1 for v in seen.values() if v > 1),
+        "wrong_label": sum(1 for k, label in labels.items() if truth.get(k) != label),
+        "unknown": sum(1 for k in seen if k not in truth),
     }

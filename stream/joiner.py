@@ -165,9 +165,11 @@ class Joiner:
             self._send()
         self.consumer.assign(assignment)
 
-    def step(self, timeout_s: float = 0.5) -> int:
-        """Read one chunk, join it, commit it; returns the records read."""
-        messages = self.consumer.consume(self.join.take_records, timeout_s)
+    def step(self, timeout_s: float | None = None) -> int:
+        """Read one chunk (up to take_records, waiting up to chunk_wait_s), join it, commit it;
+        returns the records read."""
+        wait = self.join.chunk_wait_s if timeout_s is None else timeout_s
+        messages = self.consumer.consume(self.join.take_records, wait)
         messages = [m for m in messages if m.error() is None or _log_error(m)]
         for part in self.parts.values():
             part.touched = part.touched or part.paused  # a paused partition may resume: look at it again

@@ -179,3 +179,22 @@ def test_every_impression_is_emitted_first_once_and_positive_at_most_once(arriva
         }
         assert set(positives) == clicked
     assert joined.pending == 0
+
+
+def test_the_watermark_waits_for_unread_clicks():
+    """The joiner holds the watermark at the newest click read while its clicks partition is behind:
+    a window does not close while a click inside it may still be unread."""
+    from functools import partial
+
+    from stream.join import Cursor, put_into
+
+    entries: dict = {}
+    cursor = Cursor(cfg("window"), entries.get, partial(put_into, entries))
+    cursor.clicks_frontier = 0  # clicks read up to event time 0, more to come
+    cursor.impression(imp("a", 0))
+    cursor.impression(imp("z", 5000))  # far past a's window, but the clicks are not
+    assert cursor.take()[0] == []
+    cursor.click(click("a", 900))  # came late in wall time, inside the window in event time
+    cursor.clicks_frontier = None  # every click read
+    cursor.fire(cursor.watermark)
+    assert [(e.impression_id, e.label) for e in cursor.take()[0]] == [("a", 1)]
