@@ -50,8 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     stack_flags(p)
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("replay", help="replay Criteo TSV files (.txt/.gz) or synthetic events into Kafka")
-    p.add_argument("paths", nargs="*", help="Criteo TSV files (the Kaggle train file or day_N files)")
+    p = sub.add_parser("replay", help="replay log files (as the schema's [source] says) or synthetic events into Kafka")
+    p.add_argument(
+        "paths",
+        nargs="*",
+        help="log files laid out as the schema's [source] table says (Criteo TSV by default; .gz too)",
+    )
     p.add_argument("--synthetic", type=int, metavar="N", help="replay N events of the built-in generator instead")
     p.add_argument("--seed", type=int, default=7, help="generator seed (--synthetic)")
     p.add_argument(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,22 @@ from adstream.errors import CliError
 
 if TYPE_CHECKING:
     from stream.schema import Schema
+
+
+def json_safe(value: Any) -> Any:
+    """A value as strict JSON takes it: a float that is not finite (an AUC not measured yet: NaN)
+    becomes null, in nested dicts and lists too."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def json_line(value: Any) -> str:
+    return json.dumps(json_safe(value), allow_nan=False)
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -104,7 +121,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
         skip = held_keys(config.kafka, [config.kafka.events_topic, config.kafka.dlq_topic])
         print(f"resume: the topics hold {len(skip)} record keys; those are skipped", file=sys.stderr)
     summary = replay(records, config.kafka, rate=args.rate, limit=args.limit, total=total, skip=skip)
-    print(json.dumps(asdict(summary)))
+    print(json_line(asdict(summary)))
 
 
 def _impressions_and_clicks(args: argparse.Namespace, config: Config, schema: Schema) -> tuple[Any, int | None]:
@@ -222,7 +239,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         max_events=args.max_events,
         idle_exit_s=args.idle_exit,
     )
-    print(json.dumps(asdict(summary)))
+    print(json_line(asdict(summary)))
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
@@ -247,7 +264,12 @@ def cmd_predict(args: argparse.Namespace) -> None:
         body = json.loads(text)
     except json.JSONDecodeError as exc:
         raise CliError(f"predict: the event is not valid JSON ({exc})") from None
-    response = httpx.post(f"{url}/predict", json=body, timeout=10)
+    try:
+        response = httpx.post(f"{url}/predict", json=body, timeout=10)
+    except httpx.TransportError as exc:
+        raise CliError(
+            f"predict: no answer from {url} ({type(exc).__name__}); start the server with `adstream serve`"
+        ) from None
     print(json.dumps(response.json(), indent=2))
     if response.status_code != 200:
         sys.exit(1)

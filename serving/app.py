@@ -189,7 +189,13 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> FastA
             DELTAS.inc(model.sequence - applied_before)
             for name, value in model.manifest.metrics.items():
                 MODEL_METRICS.labels(name).set(value)
-            log.info("serving version %s (step %d)", model.version, model.manifest.step)
+            if before is None or before.version != model.version:  # the operator sees what is served
+                m = model.manifest
+                print(
+                    f"serving: now serving version {model.version} "
+                    f"(step {m.step}, schema {m.schema_name} {m.schema_hash})",
+                    flush=True,
+                )
 
     async def poll() -> None:
         while True:
@@ -314,6 +320,11 @@ def run_server(settings: ServingSettings, schema: Schema, tracking_uri: str, mod
     import uvicorn
 
     fetch = registry_fetch(tracking_uri, model_name, settings, schema)
+    print(
+        f"serving: http://{settings.host}:{settings.port} (POST /predict, GET /model); model '{model_name}' "
+        f"alias '{settings.alias}' from {tracking_uri}; waiting for its first version",
+        flush=True,
+    )
     uvicorn.run(create_app(settings, schema, fetch), host=settings.host, port=settings.port, log_level="warning")
 
 

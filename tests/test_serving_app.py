@@ -237,3 +237,16 @@ def test_a_metric_not_measured_yet_is_null_in_model_info_not_an_error(schema, sn
         response = client.get("/model")
         assert response.status_code == 200
         assert response.json()["metrics"]["progressive_auc"] is None
+
+
+def test_the_server_says_which_version_it_serves_once_per_version(schema, snapshots, capsys):
+    import time
+
+    queue: list = [snapshots[0]]
+    with make_client(schema, queue) as client:
+        deadline = time.monotonic() + 10
+        while client.get("/healthz").json()["model_loaded"] is False and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)  # more polls: nothing new, nothing printed
+    out = capsys.readouterr().out
+    assert out.count("serving: now serving version 1 (step 2, schema criteo") == 1
