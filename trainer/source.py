@@ -27,6 +27,19 @@ log = logging.getLogger("adstream.trainer")
 COMMIT_GIVE_UP_S = 60.0  # how long a refused offset commit is retried before it is left to the next snapshot
 
 
+FOREIGN_STOP = 10  # batches, all of another schema and none of ours, that stop the trainer
+
+
+def schema_label(schema_hash: str) -> str:
+    """A schema hash with its bundled schema's name when it has one: "avazu (315e9a39eaf96a1c)"."""
+    from stream.schema import SCHEMA_DIR, load_schema
+
+    for path in sorted(SCHEMA_DIR.glob("*.toml")):
+        if load_schema(path).hash == schema_hash:
+            return f"{path.stem} ({schema_hash})"
+    return f"(not a bundled schema) {schema_hash}"
+
+
 def partitions_of(rank: int, world: int, partitions: int) -> list[int]:
     """The fixed share of the batches topic's partitions replica `rank` of `world` reads."""
     return [p for p in range(partitions) if p % world == rank]
@@ -79,6 +92,23 @@ class BatchSource:
         )
         self.position: dict[int, int] = {}  # partition -> next offset after what was handed out
         self.skipped = 0  # records that could not be decoded (logged, counted)
+        self.learned_parts = 0  # batches of this trainer's schema handed out
+        self.foreign: dict[str, int] = {}  # schema hash -> batches of another schema skipped
+
+    def _foreign(self, schema_hash: str) -> None:
+        """A batch of another schema: logged once per schema; when the first FOREIGN_STOP batches
+        are all foreign (nothing learned yet), a wrong setting, not a migration: stop, naming both."""
+        self.foreign[schema_hash] = self.foreign.get(schema_hash, 0) + 1
+        theirs, ours = schema_label(schema_hash), schema_label(self.schema_hash)
+        if self.foreign[schema_hash] == 1:
+            log.error("skipping batches of schema %s: this trainer learns schema %s", theirs, ours)
+        if self.learned_parts == 0 and sum(self.foreign.values()) >= FOREIGN_STOP:
+            name = theirs.split(" ")[0]
+            fix = f"--set stream.schema={name}" if not name.startswith("(") else "stream.schema = the featurizer's"
+            raise TrainerError(
+                f"{self.kafka.batches_topic}: the first {sum(self.foreign.values())} batches were featurized under "
+                f"schema {theirs}; this trainer expects {ours}: run train (and serve) with {fix}, as the featurizer"
+            )
 
     def _committed(self, partitions: list[int], timeout_s: float = 60.0) -> dict[int, int]:
         """The group's committed offsets (OFFSET_BEGINNING where none), retried while the broker
@@ -128,8 +158,9 @@ class BatchSource:
                     continue
                 if part.schema_hash != self.schema_hash:
                     self.skipped += 1
-                    log.error("skipping batch with schema %s (expected %s)", part.schema_hash, self.schema_hash)
+                    self._foreign(part.schema_hash)
                     continue
+                self.learned_parts += 1
                 parts.append(part)
                 records.append((partition, offset))
                 rows += len(part)

@@ -102,3 +102,29 @@ def test_replay_sends_a_record_over_the_message_limit_to_the_dlq_naming_the_fix(
         headers = dict(message.headers())
         assert "replay with a smaller --bundle" in headers["reason"].decode() and headers["stage"] == b"replay"
         assert int(headers["truncated"]) > kafka.max_message_bytes >= len(message.value())
+
+
+def test_a_trainer_fed_batches_of_another_schema_stops_naming_both_and_the_fix(isolated):
+    """Featurized as avazu, trained as criteo: it used to skip every batch, one log line each, and
+    exit 0 with an AUC of NaN."""
+    from dataclasses import replace
+
+    from stream.batch_codec import encode_batch
+    from tests.helpers import random_feature_batch
+    from trainer.errors import TrainerError
+    from trainer.source import FOREIGN_STOP, BatchSource
+
+    kafka = isolated.kafka
+    ensure_topics(kafka)
+    avazu, criteo = load_schema("avazu"), load_schema("criteo")
+    writer = KafkaWriter(kafka)
+    for i in range(FOREIGN_STOP):
+        writer.send(kafka.batches_topic, encode_batch(replace(random_feature_batch(8, seed=i), schema_hash=avazu.hash)))
+    writer.flush()
+    source = BatchSource(kafka, f"{isolated.trainer.group_id}-foreign", criteo.hash)
+    with pytest.raises(TrainerError) as caught:
+        for _ in source.batches(256, idle_s=0.5, first_wait_s=30):
+            pass
+    message = str(caught.value)
+    assert f"avazu ({avazu.hash})" in message and f"criteo ({criteo.hash})" in message
+    assert "--set stream.schema=avazu" in message
