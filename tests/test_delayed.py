@@ -127,3 +127,14 @@ def test_the_trainer_scores_a_clicked_impression_once_under_fake_negative(schema
     assert trainer.metrics.count == 0  # nothing final yet
     trainer.learn(batch([(i, 0) for i in range(20, 30)], 2000))  # later impressions: the first 20 are final
     assert trainer.metrics.count == 20 and trainer.metrics.pos_hist.sum() == 5
+
+
+def test_final_labels_keep_a_clock_that_never_goes_back():
+    """A batch of a lagging partition (older event time) must not stall or reorder the waits."""
+    from trainer.delayed import FinalLabels
+
+    held = FinalLabels(wait_ms=100)
+    held.add(("a",), np.zeros(1), np.array([0.1]), now_ms=1000)
+    held.add(("b",), np.zeros(1), np.array([0.2]), now_ms=500)  # late partition: seen at clock 1000
+    assert held.add((), np.zeros(0), np.zeros(0), now_ms=1050)[1].tolist() == []
+    assert held.add((), np.zeros(0), np.zeros(0), now_ms=1101)[1].tolist() == [0.1, 0.2]

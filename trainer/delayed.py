@@ -46,20 +46,23 @@ class FinalLabels:
     Under fake_negative every first emission is labelled 0 and every later one 1, so the labels
     alone say which is which. `add(event_ids, labels, probs, now_ms)` holds the first emissions,
     marks the held ones a copy names as clicked, and returns (labels, probs) of the impressions
-    whose wait is over (first seen more than `wait_ms` of event time before `now_ms`), in the order
-    they came. A copy whose impression is not held (scored already, or seen by another replica)
-    changes nothing. At most `max_held` impressions are held; past that the oldest are scored
+    whose wait is over (first seen more than `wait_ms` of event time ago), in the order they came.
+    Event time here is the newest `now_ms` seen so far (batches of several partitions arrive a
+    little out of order; a clock that never goes back keeps the held ones in time order). A copy
+    whose impression is not held (scored already, or seen by another replica) changes nothing. At most `max_held` impressions are held; past that the oldest are scored
     early (a metric of a little less delay, never lost memory).
     """
 
     def __init__(self, wait_ms: int, max_held: int = 2_000_000) -> None:
         self.wait_ms, self.max_held = wait_ms, max_held
         self._held: dict[str, list] = {}  # event id -> [prob, first seen ms, clicked]; insertion order = time order
+        self.clock = -(1 << 62)  # the newest event time seen (ms)
 
     def add(
         self, event_ids: tuple[str, ...], labels: np.ndarray, probs: np.ndarray, now_ms: int
     ) -> tuple[np.ndarray, np.ndarray]:
         held = self._held
+        self.clock = now_ms = max(self.clock, now_ms)
         for event_id, label, prob in zip(event_ids, labels.tolist(), probs.tolist(), strict=True):
             if label < 0.5:
                 held.setdefault(event_id, [prob, now_ms, 0])
