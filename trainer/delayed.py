@@ -49,8 +49,9 @@ class FinalLabels:
     whose wait is over (first seen more than `wait_ms` of event time ago), in the order they came.
     Event time here is the newest `now_ms` seen so far (batches of several partitions arrive a
     little out of order; a clock that never goes back keeps the held ones in time order). A copy
-    whose impression is not held (scored already, or seen by another replica) changes nothing. At most `max_held` impressions are held; past that the oldest are scored
-    early (a metric of a little less delay, never lost memory).
+    whose impression is not held (scored already, or seen by another replica) changes nothing. At
+    most `max_held` impressions are held; past that the oldest are scored early (a metric of a
+    little less delay, never lost memory).
     """
 
     def __init__(self, wait_ms: int, max_held: int = 2_000_000) -> None:
