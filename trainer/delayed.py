@@ -16,6 +16,8 @@ and scores, serves and measures b / (1 - b) under "fnc" (`ctr_of`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -47,8 +49,10 @@ class FinalLabels:
     alone say which is which. `add(event_ids, labels, probs, now_ms)` holds the first emissions,
     marks the held ones a copy names as clicked, and returns (labels, probs) of the impressions
     whose wait is over (first seen more than `wait_ms` of event time ago), in the order they came.
-    Event time here is the newest `now_ms` seen so far (batches of several partitions arrive a
-    little out of order; a clock that never goes back keeps the held ones in time order). A copy
+    Event time here is a watermark over the batches topic's partitions: the oldest of each
+    partition's newest `now_ms` (`partitions`: the ones the batch came from), never going back. A
+    replica reads its partitions unevenly: a clock run by the fastest one would score impressions
+    before their copies in a slower partition were read, as unclicked. A copy
     whose impression is not held (scored already, or seen by another replica) changes nothing. At
     most `max_held` impressions are held; past that the oldest are scored early (a metric of a
     little less delay, never lost memory).
@@ -57,13 +61,23 @@ class FinalLabels:
     def __init__(self, wait_ms: int, max_held: int = 2_000_000) -> None:
         self.wait_ms, self.max_held = wait_ms, max_held
         self._held: dict[str, list] = {}  # event id -> [prob, first seen ms, clicked]; insertion order = time order
-        self.clock = -(1 << 62)  # the newest event time seen (ms)
+        self.clock = -(1 << 62)  # event time (ms): the oldest partition's newest, never going back
+        self._newest: dict[int, int] = {}  # batches-topic partition -> newest event time read from it
 
     def add(
-        self, event_ids: tuple[str, ...], labels: np.ndarray, probs: np.ndarray, now_ms: int
+        self,
+        event_ids: tuple[str, ...],
+        labels: np.ndarray,
+        probs: np.ndarray,
+        now_ms: int,
+        partitions: Iterable[int] = (0,),
     ) -> tuple[np.ndarray, np.ndarray]:
         held = self._held
-        self.clock = now_ms = max(self.clock, now_ms)
+        for p in partitions:
+            self._newest[p] = max(self._newest.get(p, now_ms), now_ms)
+        if self._newest:
+            self.clock = max(self.clock, min(self._newest.values()))
+        now_ms = self.clock
         for event_id, label, prob in zip(event_ids, labels.tolist(), probs.tolist(), strict=True):
             if label < 0.5:
                 held.setdefault(event_id, [prob, now_ms, 0])

@@ -224,7 +224,10 @@ class Trainer:
         if self.final_labels is None or len(batch.event_ids) != len(batch):
             self.metrics.update(batch.labels.numpy(), probs)
         else:
-            final, first_probs = self.final_labels.add(batch.event_ids, batch.labels.numpy(), probs, batch.newest_ms)
+            partitions = {p for p, _ in batch.records} or {0}
+            final, first_probs = self.final_labels.add(
+                batch.event_ids, batch.labels.numpy(), probs, batch.newest_ms, partitions
+            )
             if len(final):
                 self.metrics.update(final, first_probs)
         self.events += len(batch)
