@@ -257,8 +257,9 @@ class Joiner:
         LATE.inc(counts.late_clicks)
         ORPHANS.inc(counts.orphan_clicks)
         DUPLICATE_CLICKS.inc(counts.duplicate_clicks)
-        for e in emitted:
-            EMITTED.labels(str(e.label)).inc()
+        positives = sum(e.label for e in emitted)
+        EMITTED.labels("1").inc(positives)
+        EMITTED.labels("0").inc(len(emitted) - positives)
         progress = Progress(
             part.impressions_offset, part.clicks_offset, part.cursor.newest, part.state.progress.chunk + 1
         )
