@@ -65,7 +65,7 @@ class TrainSummary:
     window_logloss: float
     model_version: str | None
     snapshot_path: str | None
-    samples_per_s: float  # this run's events over its wall time learning
+    samples_per_s: float  # this run's events over the time spent learning and merging (as MLflow's figure)
     workers: int = 1
     merges: int = 0
     merge_bytes: int = 0  # payload all replicas sent to merge (or to sync, when merge_every_steps = 0)
@@ -139,7 +139,7 @@ def _run(
     snapshot_path: Path | None = None
     batches_built = 0
     last_merge_t = last_snapshot_t = last_publish_t = idle_since = time.monotonic()
-    started, start_events = time.perf_counter(), state.events
+    start_events = state.events
     merged: dict[str, float] = {}
     bar = Progress(TextColumn("train"), TextColumn("{task.fields[info]}"), TimeElapsedColumn(), disable=not progress)
     batches = source.batches(settings.batch_size, idle_s=settings.idle_s)
@@ -192,7 +192,7 @@ def _run(
     finally:
         source.close()
         learn_log.close()
-    wall = time.perf_counter() - started
+    learning = trainer.train_seconds + trainer.merge_seconds  # not start-up, waiting or an idle exit
     window = trainer.metrics.summary()
     return TrainSummary(
         steps=trainer.step,
@@ -204,7 +204,7 @@ def _run(
         window_logloss=window["window_logloss"],
         model_version=version,
         snapshot_path=str(snapshot_path) if snapshot_path else None,
-        samples_per_s=(state.events - start_events) / wall if wall else 0.0,
+        samples_per_s=(state.events - start_events) / learning if learning else 0.0,
         workers=world,
         merges=trainer.merges,
         merge_bytes=int(sum(control.gather(trainer.bytes_sent))),
