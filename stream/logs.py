@@ -210,7 +210,8 @@ def to_bundle_layout(
         columns[schema.event_id] = pc.binary_join_element_wise(f"{stem}:", pa.array(rows).cast(pa.string()), "")
     if source.time:
         ts, bad = _as_time(column(source.time), source.time_format)
-        columns[schema.timestamp], unparsed[schema.timestamp] = ts, (bad, rules.TIMESTAMP)
+        text_rule = rules.TIMESTAMP_TEXT.format(column=source.time, fmt=source.time_format)
+        columns[schema.timestamp], unparsed[schema.timestamp] = ts, (bad, text_rule)
     else:
         columns[schema.timestamp] = pa.array(BASE_TS_MS + replay_base + rows, pa.int64())
     label, bad, long = _as_int(column(source.label))

@@ -25,6 +25,7 @@ MISSING_FIELD = "missing field"
 EVENT_ID = "must be a non-empty string or an integer"
 EVENT_ID_LONG = f"longer than {MAX_EVENT_ID_CHARS} characters"
 TIMESTAMP = "must be a non-negative integer (ms) below 2^62"
+TIMESTAMP_TEXT = "the log's column {column!r} does not parse as its [source] time_format {fmt!r}"  # replay
 LABEL_MISSING = "missing; a training event needs a 0/1 label"
 LABEL = "must be 0 or 1"  # 0.0, 1.0 and -0.0 are 0 and 1 too, on every path (JSON and Arrow)
 INTEGER = "must be an integer or null"

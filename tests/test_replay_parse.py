@@ -101,7 +101,8 @@ def test_an_avazu_csv_replays_with_no_code_but_its_schema(tmp_path):
     good = [r for r in records if r.reason is None]
     bad = [r for r in records if r.reason is not None]
     assert len(good) == 48 and len(bad) == 2
-    assert bad[0].reason == f"train:7: {rules.reason('ts', rules.TIMESTAMP)}"
+    # the column and the format it failed, not the event field's rule (a user reads the log's words)
+    assert bad[0].reason == "train:7: ts: the log's column 'hour' does not parse as its [source] time_format '%y%m%d%H'"
     assert bad[1].reason == f"train:20: {rules.reason('click', rules.LABEL)}"
     event = decode_event(good[0].value, schema)
     assert event.event_id == "10000000000000000000" and event.ts == 1413849600000  # 14102100: 2014-10-21 00h
