@@ -29,10 +29,10 @@ from adstream.config import Config
 from adstream.errors import CliError
 from adstream.processes import cli_process, stop_process, write_toml
 from stream.bundle import event_table
-from stream.clicks import ClickDelays, Split, interleave, split_clicks
-from stream.join import Click, Impression, join_all
+from stream.clicks import ClickDelays, interleave, split_clicks
 from stream.replay import replay
 from stream.schema import load_schema
+from stream.settings import KafkaSettings
 from stream.synthetic import SyntheticConfig, SyntheticCriteo
 from stream.topics import ensure_topics
 from trainer.loop import run_training
@@ -61,18 +61,28 @@ DEMO_DELAYS = ClickDelays(shares=(0.9, 0.1), means_s=(2.0, 30.0))  # clicks: mos
 DEMO_WINDOW_S, DEMO_LATENESS_S = 20.0, 2.0
 
 
-def expected_copies(split: Split, config: Config) -> int:
-    """The positive copies the joiner emits for these impressions and clicks (the in-memory reference join)."""
-    arrivals: list[Impression | Click] = [
-        Impression(i, t, b"")
-        for i, t in zip(
-            split.impressions.column("event_id").to_pylist(), split.impressions.column("ts").to_pylist(), strict=True
-        )
-    ]
-    arrivals += [Click(k, t) for k, t in zip(split.click_ids, split.click_ts.tolist(), strict=True)]
-    arrivals.sort(key=lambda a: a.ts)
-    joined = join_all(arrivals, config.stream.join.rules(), flush=True)
-    return sum(e.label for e in joined.emitted)
+IDLE_EXIT_S = 8.0  # the demo's trainer stops this long after its last batch
+
+
+def wait_for_batches(kafka: KafkaSettings, timeout_s: float, logs: Path) -> None:
+    """Until the batches topic holds a first record (the joiner and the featurizer are running)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": "demo-wait"})
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            topic = consumer.list_topics(kafka.batches_topic, timeout=10).topics[kafka.batches_topic]
+            ends = [
+                consumer.get_watermark_offsets(TopicPartition(kafka.batches_topic, p), timeout=10)[1]
+                for p in topic.partitions
+            ]
+            if sum(ends) > 0:
+                return
+            time.sleep(0.5)
+    finally:
+        consumer.close()
+    raise CliError(f"demo: no feature batch after {timeout_s:.0f}s; see {logs / 'join.log'} and {logs / 'stream.log'}")
 
 
 def demo_config(config: Config, run: str) -> Config:
@@ -140,12 +150,13 @@ def run_demo(
         replayed = replay(records, kafka, total=events + len(split.click_ids))
         print(f"      {events} impressions, {len(split.click_ids)} clicks, {replayed.events_per_s:,.0f} records/s")
 
-        print("[4/6] training until every replayed event is learned, publishing snapshots to MLflow", flush=True)
-        # the joiner emits every impression and a positive copy per attributed click: learn them all
-        # (but the few clicks whose attribution a run's timing decides: 2% slack)
-        to_learn = events + int(0.98 * expected_copies(split, config))
+        print("[4/6] training until every joined event is learned, publishing snapshots to MLflow", flush=True)
+        # the joiner emits every impression and a positive copy per attributed click (how many
+        # copies, a run's timing decides at the edges): learn until no batch came for IDLE_EXIT_S,
+        # so every batches partition is read to its end, counting from the first batch
+        wait_for_batches(kafka, 120, logs)
         summary = run_training(
-            schema, config.kafka, config.trainer, config.mlflow, max_events=to_learn, idle_exit_s=120
+            schema, config.kafka, config.trainer, config.mlflow, max_events=None, idle_exit_s=IDLE_EXIT_S
         )
         if summary.events < events:
             raise CliError(f"demo: trainer learned {summary.events} of {events} events; see {logs / 'stream.log'}")

@@ -177,8 +177,13 @@ class Joiner:
             return 0
         imp = self.kafka.impressions_topic
         messages.sort(key=lambda m: m.topic() == imp)  # a chunk's clicks first: fewer wait as early clicks
+        clicked: set[int] = set()  # partitions whose clicks moved: their frontier moves before their impressions
         for message in messages:
             p, offset, topic = int(message.partition() or 0), int(message.offset() or 0), str(message.topic())
+            if topic == imp and clicked:
+                for q in clicked:
+                    self._move_frontier(q, self.parts[q])
+                clicked.clear()
             part = self.parts[p]
             part.touched = True
             record = RawRecord(p, offset, message.value() or b"")
@@ -187,8 +192,7 @@ class Joiner:
                 IMPRESSIONS.inc(len(impressions))
                 if len(impressions) > 1:
                     part.state.preload([i.impression_id for i in impressions])
-                for impression in impressions:
-                    part.cursor.impression(impression)
+                part.cursor.impressions(impressions)
                 part.impressions_offset = offset + 1
             else:
                 clicks, bad = read_clicks(record, self.fields)
@@ -197,7 +201,7 @@ class Joiner:
                     part.cursor.click(click)
                     part.newest_click = max(part.newest_click, click.ts)
                 part.clicks_offset = offset + 1
-                self._move_frontier(p, part)
+                clicked.add(p)
             if bad:
                 part.outputs += [self._letter(topic, r) for r in bad]
                 REJECTED.inc(len(bad))

@@ -198,3 +198,11 @@ def test_the_watermark_waits_for_unread_clicks():
     cursor.clicks_frontier = None  # every click read
     cursor.fire(cursor.watermark)
     assert [(e.impression_id, e.label) for e in cursor.take()[0]] == [("a", 1)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(timelines(), st.sampled_from(["window", "fake_negative", "elapsed"]))
+def test_the_short_path_for_new_impressions_equals_on_impression(arrivals, policy):
+    fast = join_all(arrivals, cfg(policy), flush=True)
+    slow = join_all(arrivals, cfg(policy), flush=True, fast=False)
+    assert fast == slow
