@@ -8,6 +8,18 @@ import time
 from collections.abc import Callable, Sequence
 
 
+def stop_requested() -> Callable[[], bool]:
+    """Catch SIGTERM and SIGINT from now on; the returned function says whether one came."""
+    caught: list[int] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        caught.append(signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return lambda: bool(caught)
+
+
 def run_children(target: Callable[..., object], args: Sequence[tuple]) -> int:
     """One process per args tuple, each `target(*args)`. Returns when one exits (the others are
     stopped with SIGTERM, then SIGKILL after 30 s) or on SIGINT/SIGTERM; the exit code is the first
@@ -18,15 +30,8 @@ def run_children(target: Callable[..., object], args: Sequence[tuple]) -> int:
         child = context.Process(target=target, args=child_args)
         child.start()
         children.append(child)
-    stopping = False
-
-    def stop(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    while not stopping and all(c.is_alive() for c in children):
+    stopping = stop_requested()
+    while not stopping() and all(c.is_alive() for c in children):
         time.sleep(0.2)
     for child in children:
         if child.is_alive():
@@ -37,4 +42,4 @@ def run_children(target: Callable[..., object], args: Sequence[tuple]) -> int:
             child.kill()
             child.join()
     codes = [c.exitcode or 0 for c in children]
-    return 0 if stopping else next((c for c in codes if c), 0)
+    return 0 if stopping() else next((c for c in codes if c), 0)

@@ -32,12 +32,12 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from prometheus_client import Counter, Gauge, start_http_server
 
+from stream.clicks import click_record
 from stream.join import Cursor, Emission, JoinRules
 from stream.join_input import ClickFields, labelled, read_clicks, read_impressions
 from stream.join_state import PartitionState, PendingOutput, Progress
@@ -250,12 +250,7 @@ class Joiner:
         emitted, dead, counts = part.cursor.take()
         part.outputs += self._bundles(emitted)
         for click in dead:
-            value = b'{"%s":%s,"%s":%d}' % (
-                self.fields.impression_id.encode(),
-                _json_str(click.click.impression_id),
-                self.fields.time.encode(),
-                click.click.ts,
-            )
+            value = click_record(click.click.impression_id, click.click.ts, self.fields.impression_id, self.fields.time)
             letter = Rejected(p, -1, value, click.reason)
             part.outputs.append(self._letter(self.kafka.clicks_topic, letter))
         LATE.inc(counts.late_clicks)
@@ -362,46 +357,26 @@ def _offset(committed: int | None) -> int:
     return committed if committed is not None and committed >= 0 else -1
 
 
-def _json_str(text: str) -> bytes:
-    import orjson
-
-    return orjson.dumps(text)
-
-
 def _log_error(message: object) -> bool:
     log.warning("join: consumer: %s", message.error())  # type: ignore[attr-defined]
     return False
 
 
-def run_joiner(
-    kafka: KafkaSettings,
-    settings: StreamSettings,
-    worker: int = 0,
-    workers: int = 1,
-    stop: Callable[[], bool] | None = None,
-) -> None:
-    """Run one joiner worker until SIGTERM/SIGINT (or `stop()`); a write Kafka refuses for good
-    ends the process with status 70 after what is committed (nothing is lost: a restart resends)."""
-    import signal
-
+def run_joiner(kafka: KafkaSettings, settings: StreamSettings, worker: int = 0, workers: int = 1) -> None:
+    """Run one joiner worker until SIGTERM/SIGINT; a write Kafka refuses for good ends the process
+    with status 70 after what is committed (nothing is lost: a restart resends)."""
+    from stream.children import stop_requested
     from stream.topics import ensure_topics
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     ensure_topics(kafka)
     if settings.join.metrics_port:
         start_http_server(settings.join.metrics_port + worker, addr=settings.metrics_host)
-    stopping = False
-
-    def on_signal(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stopping = stop_requested()
     joiner = Joiner(kafka, settings, worker, workers)
     try:
         joiner.start()
-        while not stopping and not (stop and stop()):
+        while not stopping():
             joiner.step()
     except Exception:
         log.exception("join: worker %d stops: a write the broker refuses for good", worker)
@@ -412,10 +387,8 @@ def run_joiner(
 def run_joiners(kafka: KafkaSettings, settings: StreamSettings, workers: int) -> int:
     """`workers` joiner processes, partitions split between them (worker i: p % workers == i)."""
     from stream.children import run_children
-    from stream.topics import ensure_topics
 
-    ensure_topics(kafka)
-    if workers == 1:
+    if workers == 1:  # each worker creates the topics it needs (run_joiner)
         run_joiner(kafka, settings)
         return 0
     return run_children(run_joiner, [(kafka, settings, i, workers) for i in range(workers)])
