@@ -59,6 +59,7 @@ def wait_for_model(url: str, proc: subprocess.Popen[bytes], timeout_s: float, lo
 DEMO_EVENT_RATE = 100.0  # impressions per event-time second
 DEMO_DELAYS = ClickDelays(shares=(0.9, 0.1), means_s=(2.0, 30.0))  # clicks: most within seconds
 DEMO_WINDOW_S, DEMO_LATENESS_S = 20.0, 2.0
+HOLDOUT_EVENTS = 5_000  # fresh events the served model scores at the end, against their labels
 
 
 IDLE_EXIT_S = 8.0  # the demo's trainer stops this long after its last batch
@@ -170,12 +171,14 @@ def run_demo(
             time.sleep(1)  # an older version was live when the server started; it polls for ours
             info = wait_for_model(url, server, 120, logs / "serve.log")
 
-        print("[6/6] asking for predictions on fresh events", flush=True)
-        fresh, _ = generator.generate(show)
+        print(f"[6/6] asking for predictions on {HOLDOUT_EVENTS:,} fresh events", flush=True)
+        fresh, fresh_truth = generator.generate(HOLDOUT_EVENTS)
         requests = [{k: v for k, v in e.items() if k != schema.label} for e in fresh]
-        response = httpx.post(f"{url}/predict", json=requests, timeout=10)
+        response = httpx.post(f"{url}/predict", json=requests, timeout=30)
         response.raise_for_status()
         served = response.json()
+        fresh_labels = np.array([e[schema.label] for e in fresh])
+        fresh_ctrs = np.array([p["ctr"] for p in served["predictions"]])
     finally:
         if server is not None:
             stop_process(server)
@@ -192,17 +195,23 @@ def run_demo(
         "window_auc": summary.window_auc,
         "ground_truth_auc": auc_exact(labels, truth),
         "model_version": served["model_version"],
-        "predictions": [p["ctr"] for p in served["predictions"]],
+        "predictions": [p["ctr"] for p in served["predictions"][:show]],
+        "served_auc": auc_exact(fresh_labels, fresh_ctrs),  # the served model on HOLDOUT_EVENTS fresh events
+        "served_ground_truth_auc": auc_exact(fresh_labels, fresh_truth),
         "mlflow_ui": config.mlflow.tracking_uri,
         "seed": seed,
         "events_topic": config.kafka.events_topic,
         "wall_s": time.perf_counter() - start,
     }
-    for p in served["predictions"]:
+    for p in served["predictions"][:show]:
         print(f"      event {p['event_id']}: CTR {p['ctr']:.4f}  (model version {served['model_version']})")
     print(
         f"progressive AUC {summary.progressive_auc:.4f} (last {config.trainer.metrics_window} events: "
         f"{summary.window_auc:.4f}; the generator's ground truth: {result['ground_truth_auc']:.4f})"
+    )
+    print(
+        f"the served model on {HOLDOUT_EVENTS:,} fresh events: AUC {result['served_auc']:.4f} "
+        f"(the generator's ground truth: {result['served_ground_truth_auc']:.4f})"
     )
     print(
         f"MLflow UI: {config.mlflow.tracking_uri}  (experiment '{config.mlflow.experiment}', "

@@ -138,3 +138,20 @@ def test_final_labels_keep_a_clock_that_never_goes_back():
     held.add(("b",), np.zeros(1), np.array([0.2]), now_ms=500)  # late partition: seen at clock 1000
     assert held.add((), np.zeros(0), np.zeros(0), now_ms=1050)[1].tolist() == []
     assert held.add((), np.zeros(0), np.zeros(0), now_ms=1101)[1].tolist() == [0.1, 0.2]
+
+
+def test_final_labels_at_idle_score_up_to_the_newest_time_read():
+    """Partition 1's stream ended a minute before partition 0's: the clock (the oldest partition's
+    newest) stays there, and partition 0's last minute of impressions was never scored; once the
+    replica has read everything (idle), the newest time read is the clock."""
+    from trainer.delayed import FinalLabels
+
+    held = FinalLabels(wait_ms=100)
+    held.add(("a",), np.zeros(1), np.array([0.1]), now_ms=1000, partitions=[1])
+    for t in range(1000, 61_001, 1000):
+        held.add((f"x{t}",), np.zeros(1), np.array([0.5]), now_ms=t, partitions=[0])
+    assert len(held) == 62 and held.clock == 1000  # all wait behind partition 1's end
+    labels, probs = held.idle()
+    assert len(probs) == 62 and probs[0] == 0.1 and len(held) == 0 and held.clock == 61_000
+    held.add(("late",), np.zeros(1), np.array([0.7]), now_ms=2000, partitions=[1])
+    assert held.clock == 61_000  # never back

@@ -55,7 +55,10 @@ class FinalLabels:
     before their copies in a slower partition were read, as unclicked. A copy
     whose impression is not held (scored already, or seen by another replica) changes nothing. At
     most `max_held` impressions are held; past that the oldest are scored early (a metric of a
-    little less delay, never lost memory).
+    little less delay, never lost memory). `idle()`, when the replica has read all there is, lets
+    the clock go to the newest time read (no partition holds it back then: a stream's end would
+    otherwise leave its last partitions' impressions unscored, as many as the partitions' ends lie
+    apart).
     """
 
     def __init__(self, wait_ms: int, max_held: int = 2_000_000) -> None:
@@ -83,6 +86,18 @@ class FinalLabels:
                 held.setdefault(event_id, [prob, now_ms, 0])
             elif event_id in held:
                 held[event_id][2] = 1
+        return self._release()
+
+    def idle(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every partition read to its end (nothing came for a while): none holds the clock back,
+        which moves to the newest event time read; returns what that made final, as `add`."""
+        if self._newest:
+            self.clock = max(self.clock, max(self._newest.values()))
+        return self._release()
+
+    def _release(self) -> tuple[np.ndarray, np.ndarray]:
+        """Score the held impressions whose wait is over at the clock, oldest first."""
+        held, now_ms = self._held, self.clock
         done_labels, done_probs = [], []
         while held:
             event_id, (prob, seen, clicked) = next(iter(held.items()))

@@ -153,6 +153,8 @@ def _run(
                 now = time.monotonic()
                 if batch is not None:
                     idle_since = now
+                else:
+                    trainer.idle()
                 publish_due = rank == 0 and 0 < settings.snapshot.publish_every_s <= now - last_publish_t
                 no_base = publisher is not None and publisher.base_path is None  # a delta needs a base first
                 mine = Round.vector(

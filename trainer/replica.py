@@ -237,6 +237,14 @@ class Trainer:
         SAMPLES.inc(len(batch))
         self.train_seconds += time.perf_counter() - started
 
+    def idle(self) -> None:
+        """Nothing came for trainer.idle_s: this replica has read its partitions to their end, so
+        impressions held for their final label are scored up to the newest time read (FinalLabels)."""
+        if self.final_labels is not None:
+            final, first_probs = self.final_labels.idle()
+            if len(final):
+                self.metrics.update(final, first_probs)
+
     def predict(self, batch: Batch) -> np.ndarray:
         """CTR (B,) without learning (what serving would answer for this batch)."""
         return predict(self.model, self.table, batch.to(self.device))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +29,12 @@ COMMIT_GIVE_UP_S = 60.0  # how long a refused offset commit is retried before it
 
 
 FOREIGN_STOP = 10  # batches, all of another schema and none of ours, that stop the trainer
+READ_AHEAD_PARTS = 256  # stream batches read ahead at most while waiting for a partition to catch up
+
+
+def _event_time(part: FeatureBatch | None) -> int:
+    """A queued record's place in event time: its newest event (a skipped record: at once)."""
+    return int(part.ts.max()) if part is not None and len(part.ts) else -(1 << 62)
 
 
 def schema_label(schema_hash: str) -> str:
@@ -91,6 +98,9 @@ class BatchSource:
             {p: starts[p] if starts[p] >= 0 else "start" for p in self.partitions},
         )
         self.position: dict[int, int] = {}  # partition -> next offset after what was handed out
+        self.fetched = {p: o for p, o in starts.items() if o >= 0}  # partition -> next offset to fetch
+        self.queued: dict[int, deque[tuple[tuple[int, int], FeatureBatch | None]]] = {}  # read, not handed out
+        self.outage = False  # a consumer error was logged and no record has come since
         self.skipped = 0  # records that could not be decoded (logged, counted)
         self.learned_parts = 0  # batches of this trainer's schema handed out
         self.foreign: dict[str, int] = {}  # schema hash -> batches of another schema skipped
@@ -128,54 +138,104 @@ class BatchSource:
     def batches(self, batch_size: int, idle_s: float = 1.0, first_wait_s: float = 30.0) -> Iterator[Batch | None]:
         """Yield training batches of >= batch_size events (or fewer after idle_s without data);
         None when nothing arrived for idle_s (first_wait_s before the first record: the first
-        fetch is slow), which lets the loop check its stop conditions and keep its group in step."""
+        fetch is slow), which lets the loop check its stop conditions and keep its group in step.
+
+        A replica with a backlog in several partitions reads them in step, in event time: of the
+        stream batches read, the next one learned is the partition head with the oldest newest
+        event time, once every partition with unread records has a head to compare (Kafka hands
+        out whole fetches of one partition at a time: read as fetched, a catching-up trainer
+        learned one partition's hour before another's, in an order set by fetch timing). A
+        partition that delivers nothing for idle_s, or READ_AHEAD_PARTS stream batches waiting,
+        ends the wait."""
         parts: list[FeatureBatch] = []
         records: list[tuple[int, int]] = []
         rows = 0
-        outage = False  # an error was logged and no record has come since
         last_data = time.monotonic() + max(first_wait_s - idle_s, 0.0)
         while True:
             messages = self.consumer.consume(256, timeout=0.1)
-            for message in messages:
-                error = message.error()
-                if error is not None:
-                    if error.fatal():
-                        raise TrainerError(f"kafka consumer on {self.kafka.batches_topic}: {error}")
-                    if not outage:  # librdkafka retries by itself: one line per outage, not one per error
-                        log.warning("kafka consumer on %s: %s (retrying)", self.kafka.batches_topic, error)
-                    outage = True
-                    continue
-                if outage:
-                    log.warning("kafka consumer on %s: reading again", self.kafka.batches_topic)
-                    outage = False
-                partition, offset = message.partition() or 0, message.offset() or 0
+            self._read(messages)
+            if messages:
+                last_data = time.monotonic()
+            idle = time.monotonic() - last_data >= idle_s
+            while (taken := self._take(in_step=not idle)) is not None:
+                (partition, offset), part = taken
                 self.position[partition] = offset + 1
-                try:
-                    part = decode_batch(message.value() or b"")
-                except StreamError as exc:
-                    self.skipped += 1
-                    log.error("skipping batch at %s:%s: %s", partition, offset, exc)
+                if part is None:  # a record skipped (logged when read): only the position moves
                     continue
-                if part.schema_hash != self.schema_hash:
-                    self.skipped += 1
-                    self._foreign(part.schema_hash)
-                    continue
-                self.learned_parts += 1
                 parts.append(part)
                 records.append((partition, offset))
                 rows += len(part)
                 if rows >= batch_size:
                     yield batch_from_features(parts, self.position, tuple(records))
                     parts, records, rows = [], [], 0
-            if messages:
-                last_data = time.monotonic()
-            elif time.monotonic() - last_data >= idle_s:
+                    last_data = max(last_data, time.monotonic())  # idle counts time spent waiting here only
+            if idle:
                 if parts:
                     yield batch_from_features(parts, self.position, tuple(records))
                     parts, records, rows = [], [], 0
                 else:
                     yield None
                 last_data = time.monotonic()
+
+    def _read(self, messages: list) -> None:
+        """Decode fetched records into their partition's queue; an undecodable record or one of
+        another schema is queued as None (its offset still has to be passed in order)."""
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.fatal():
+                    raise TrainerError(f"kafka consumer on {self.kafka.batches_topic}: {error}")
+                if not self.outage:  # librdkafka retries by itself: one line per outage, not one per error
+                    log.warning("kafka consumer on %s: %s (retrying)", self.kafka.batches_topic, error)
+                self.outage = True
+                continue
+            if self.outage:
+                log.warning("kafka consumer on %s: reading again", self.kafka.batches_topic)
+                self.outage = False
+            partition, offset = message.partition() or 0, message.offset() or 0
+            self.fetched[partition] = offset + 1
+            part: FeatureBatch | None = None
+            try:
+                part = decode_batch(message.value() or b"")
+            except StreamError as exc:
+                self.skipped += 1
+                log.error("skipping batch at %s:%s: %s", partition, offset, exc)
+            if part is not None and part.schema_hash != self.schema_hash:
+                self.skipped += 1
+                self._foreign(part.schema_hash)
+                part = None
+            if part is not None:
+                self.learned_parts += 1
+            self.queued.setdefault(partition, deque()).append(((partition, offset), part))
+
+    def _take(self, in_step: bool) -> tuple[tuple[int, int], FeatureBatch | None] | None:
+        """The next queued record to learn: the head with the oldest newest event time (a skipped
+        record first); None while a partition with unread records has nothing queued to compare
+        (unless not in_step, or READ_AHEAD_PARTS records are queued)."""
+        heads = {p: q[0] for p, q in self.queued.items() if q}
+        if not heads:
+            return None
+        waiting = sum(len(q) for q in self.queued.values())
+        if (
+            in_step
+            and waiting < READ_AHEAD_PARTS
+            and any(not self._caught_up(p) for p in self.partitions if p not in heads)
+        ):
+            return None
+        p = min(heads, key=lambda p: _event_time(heads[p][1]))
+        return self.queued[p].popleft()
+
+    def _caught_up(self, partition: int) -> bool:
+        """Whether every record of `partition` known to the last fetch was read (its high offset)."""
+        from confluent_kafka import TopicPartition
+
+        low, high = self.consumer.get_watermark_offsets(
+            TopicPartition(self.kafka.batches_topic, partition), cached=True
+        )
+        if high is None or high < 0:
+            return False  # no fetch answered for it yet
+        fetched = self.fetched.get(partition)
+        return fetched >= high if fetched is not None else low >= high
 
     def commit(self, offsets: dict[int, int], give_up_s: float = COMMIT_GIVE_UP_S) -> bool:
         """Commit this replica's share of `offsets` (partition -> next offset) to the group; True

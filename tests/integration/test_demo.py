@@ -1,6 +1,6 @@
 """`adstream demo` twice on one stack: the same synthetic world, a scope of its own each run, so
-the second run gives the first run's answer, to within what the joiner's arrival order moves it
-(it used to resume the first run's snapshot, stop after one batch and report an AUC of 0.48)."""
+the second run gives the first run's answer (it used to resume the first run's snapshot, stop
+after one batch and report an AUC of 0.48)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,11 @@ def test_the_demo_gives_the_same_honest_answer_twice(isolated, tmp_path):
         assert run["progressive_auc"] > 0.6  # a learner that resumed and stopped at once sat at 0.48
     assert first["ground_truth_auc"] == second["ground_truth_auc"]  # the same world
     assert first["events_topic"] != second["events_topic"]  # ... replayed into a scope of its own
-    # the same world, not the same order: the joiner interleaves two live inputs as they arrive, so
-    # the model's path (and which impressions are final when it stops) differs a little run to run
-    # (measured: 0.012 and 0.029 apart); a run that resumed another would sit near 0.5
-    assert abs(first["progressive_auc"] - second["progressive_auc"]) < 0.05
+    # the answer compared is the served model's AUC on the same fresh events (measured over 4 runs:
+    # 0.7871-0.7886); the progressive AUC scores a model on its way, and the path is set by the
+    # order two live inputs arrive in (measured 0.71-0.75): it is only held above chance
+    for run in (first, second):
+        assert run["served_auc"] > run["served_ground_truth_auc"] - 0.1
+    assert first["served_ground_truth_auc"] == second["served_ground_truth_auc"]
+    assert abs(first["served_auc"] - second["served_auc"]) < 0.01
     assert first["model_version"] != second["model_version"]
