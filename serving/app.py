@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import shutil
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -63,6 +64,33 @@ MODEL_METRICS = Gauge(
     "the served snapshot's progressive metrics as its trainer measured them (auc, logloss, ece, mean_ctr...)",
     ["metric"],
 )
+SERVED = Gauge(
+    "adstream_serving_model",
+    "the served model: version (its registry number), step, base_step, sequence (deltas applied), "
+    "newest_event_seconds (the newest event time it learned, unix seconds)",
+    ["field"],
+)
+MODEL_AGE = Gauge(
+    "adstream_serving_model_age_seconds",
+    "wall-clock time now minus the newest event time the served model learned (its freshness); -1 before a model",
+)
+
+
+def served_fields(model: ServedModel) -> dict[str, float]:
+    """What the adstream_serving_model gauge says of a served model (a non-numeric version: -1)."""
+    m = model.manifest
+    return {
+        "version": float(model.version) if model.version.isdigit() else -1.0,
+        "step": m.step,
+        "base_step": m.base_step,
+        "sequence": m.sequence,
+        "newest_event_seconds": m.newest_event_ms / 1000,
+    }
+
+
+def _age_s(model: ServedModel | None) -> float:
+    return time.time() - model.manifest.newest_event_ms / 1000 if model is not None else -1.0
+
 
 # fetch(current) -> the model to serve next (a newer base, or current with newer deltas applied),
 # or None when there is nothing newer; raises when a publication is refused
@@ -154,6 +182,7 @@ def registry_fetch(tracking_uri: str, model_name: str, settings: ServingSettings
 
 def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> FastAPI:
     holder = ModelHolder()
+    MODEL_AGE.set_function(lambda: _age_s(holder.current))
     token = settings.token or os.environ.get("ADSTREAM_SERVING_TOKEN", "")
 
     # the dependencies are `async def`: FastAPI runs a plain `def` dependency on its thread pool,
@@ -189,6 +218,8 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> FastA
             DELTAS.inc(model.sequence - applied_before)
             for name, value in model.manifest.metrics.items():
                 MODEL_METRICS.labels(name).set(value)
+            for name, value in served_fields(model).items():
+                SERVED.labels(name).set(value)
             if before is None or before.version != model.version:  # the operator sees what is served
                 m = model.manifest
                 print(

@@ -89,6 +89,18 @@ def test_503_until_a_model_then_hot_swap(schema, snapshots):
         assert "adstream_serving_model_swaps_total" in metrics
         ece = snapshots[1].manifest.metrics["progressive_ece"]
         assert f'adstream_serving_model_metric{{metric="progressive_ece"}} {ece}' in metrics
+        # what is served and how fresh it is (#29 item 10)
+        from prometheus_client.parser import text_string_to_metric_families
+
+        samples = {
+            (sample.name, sample.labels.get("field")): sample.value
+            for family in text_string_to_metric_families(metrics)
+            for sample in family.samples
+        }
+        newest = snapshots[1].manifest.newest_event_ms / 1000
+        assert samples["adstream_serving_model", "version"] == 2 and samples["adstream_serving_model", "step"] == 4
+        assert samples["adstream_serving_model", "newest_event_seconds"] == newest
+        assert abs(samples["adstream_serving_model_age_seconds", None] - (time.time() - newest)) < 60
 
 
 def test_refresh_errors_keep_the_old_model(schema, snapshots):
