@@ -256,6 +256,16 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> FastA
     def healthz() -> dict[str, Any]:
         return {"status": "ok", "model_loaded": holder.current is not None}
 
+    @app.get("/schema")
+    def schema_info() -> dict[str, Any]:
+        """What a request looks like for the served schema: its fields and an example event."""
+        return {
+            "name": schema.name,
+            "hash": schema.hash,
+            "fields": schema.field_kinds(),
+            "example": schema.request_example(),
+        }
+
     @app.get("/model", dependencies=[Depends(authorized)])
     def model_info(h: ModelHolder = Depends(get_holder)) -> Response:
         if h.current is None:
@@ -302,7 +312,10 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> FastA
             REQUESTS.labels("422").inc()
             return _unprocessable([("body",)], f"send 1 to {settings.max_events} events, got {len(items)}")
         events, errors = [], []
+        now_ms = int(time.time() * 1000)
         for index, item in enumerate(items):
+            if isinstance(item, dict) and schema.timestamp not in item:  # a request's time: now
+                item = {**item, schema.timestamp: now_ms}
             try:
                 events.append(event_from_mapping(item, schema, require_label=False))
             except DecodeError as exc:

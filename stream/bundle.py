@@ -223,7 +223,9 @@ def _number_column(table: pa.Table, name: str, kind: str) -> tuple[np.ndarray, n
     ok = pa.types.is_integer(t) or pa.types.is_null(t) or (kind == "float" and pa.types.is_floating(t))
     if not ok:
         return f"{name}: column type {t}, expected {'integers' if kind == 'int' else 'numbers'}"
-    column = column.cast(pa.int64() if kind == "int" else pa.float64())
+    # an integer past 2^53 read as a number is rounded, as float() rounds it in decode.py (a safe
+    # cast raised: a label of 2^62 took the featurizer down)
+    column = column.cast(pa.int64()) if kind == "int" else column.cast(pa.float64(), safe=False)
     if column.null_count == 0:
         return column.to_numpy(zero_copy_only=False), np.zeros(len(column), dtype=bool)
     null = column.is_null().to_numpy(zero_copy_only=False)

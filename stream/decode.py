@@ -82,6 +82,8 @@ def _category(obj: Mapping[str, Any], name: str, hex32: bool) -> str | None:
     value = _required(obj, name)
     if value is None or value == "":
         return None
+    if type(value) is int and not hex32:  # a log's "1005" as JSON gives 1005: the same category
+        value = str(value)
     broken = rules.check_category(value, hex32)
     if broken:
         raise DecodeError(name, broken)

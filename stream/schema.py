@@ -91,6 +91,32 @@ class Schema:
         index i is also the high bits of its ids (featurize.py)."""
         return self.num_sparse + len(self.list_fields)
 
+    def request_example(self) -> dict[str, object]:
+        """One unlabelled event as `POST /predict` (and the events topic) takes it: each field a
+        value of its kind (any field but the event id may be null: a missing value)."""
+        category = "0000abcd" if self.categorical_encoding == "hex32" else "example"
+        return {
+            self.event_id: "example-1",
+            self.timestamp: 1_700_000_000_000,
+            **{name: 3 for name in self.integer_fields},
+            **{name: 0.5 for name in self.float_fields},
+            **{name: category for name in self.categorical_fields},
+            **{name: [category] for name in self.list_fields},
+        }
+
+    def field_kinds(self) -> dict[str, str]:
+        """Every field of an event and what it holds, in the schema's order."""
+        category = f"category ({self.categorical_encoding})"
+        return {
+            self.event_id: "event id (string or integer)",
+            self.timestamp: "event time, ms (optional at serve time: now)",
+            self.label: "0/1 label (events topic only; never sent to /predict)",
+            **{name: "integer or null" for name in self.integer_fields},
+            **{name: "number or null" for name in self.float_fields},
+            **{name: f"{category} or null" for name in self.categorical_fields},
+            **{name: f"list of {category}, [] or null" for name in self.list_fields},
+        }
+
 
 def _names(content: dict[str, object], key: str, where: str) -> tuple[str, ...]:
     value = content.get(key, [])

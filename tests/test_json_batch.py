@@ -154,3 +154,12 @@ def test_records_of_one_event_and_bundles_of_json_lines_mix():
     assert batch.offsets.tolist() == [0, 1, 1, 2] and batch.partitions.tolist() == [0, 0, 0, 1]
     reasons = sorted((r.partition, r.offset, r.reason.split(" (")[0]) for r in rejected)
     assert reasons == [(0, 1, "record: not valid JSON"), (1, 0, "record: empty"), (1, 1, "label: must be 0 or 1")]
+
+
+def test_a_number_past_2_to_the_53_is_rejected_or_rounded_not_raised():
+    """A label of 2^62 in a column of integers: Arrow's safe cast to float64 raised, and the raise
+    took the featurizer down (found by the property test above)."""
+    events = [{**criteo_event(0), "label": 1 << 62}, criteo_event(1)]
+    lines = [orjson.dumps(e) for e in events]
+    batch, rejected = featurize_json_events(events, lines, [0, 0], [0, 1], CRITEO)
+    assert len(batch) == 1 and len(rejected) == 1 and "label" in rejected[0].reason

@@ -78,3 +78,17 @@ def test_auc_exact_matches_pairs_and_histogram_auc_is_close():
     assert abs(summary["progressive_auc"] - pairs) < 1e-3
     assert abs(summary["progressive_logloss"] - logloss(labels, probs)) < 1e-6
     assert abs(summary["window_auc"] - auc_exact(labels[-1000:], probs[-1000:])) < 1e-9
+
+
+def test_a_schema_without_dense_fields_builds_its_model_quietly():
+    """Every avazu run printed torch's 'Initializing zero-element tensors is a no-op' (#29 item 7)."""
+    import warnings
+
+    from stream.schema import load_schema
+    from trainer.replica import Trainer
+    from trainer.settings import StoreSettings, TrainerSettings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        trainer = Trainer(load_schema("avazu"), TrainerSettings(store=StoreSettings(ram_bytes=1 << 26)))
+    assert trainer.model.dense_linear.weight.shape == (1, 0)

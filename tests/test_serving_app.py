@@ -262,3 +262,22 @@ def test_the_server_says_which_version_it_serves_once_per_version(schema, snapsh
         time.sleep(0.2)  # more polls: nothing new, nothing printed
     out = capsys.readouterr().out
     assert out.count("serving: now serving version 1 (step 2, schema criteo") == 1
+
+
+def test_the_schema_route_shows_a_request_that_predicts_and_time_is_optional(schema, snapshots):
+    """GET /schema says what a request looks like; an event without its time is scored as of now
+    (time is no feature: the same CTR)."""
+    import time
+
+    with make_client(schema, [snapshots[0]]) as client:
+        shown = client.get("/schema").json()
+        assert shown["name"] == schema.name and shown["hash"] == schema.hash
+        assert set(shown["fields"]) >= {schema.event_id, schema.timestamp, *schema.categorical_fields}
+        deadline = time.monotonic() + 10
+        while client.post("/predict", json=shown["example"]).status_code == 503 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with_time = client.post("/predict", json=shown["example"]).json()
+        timeless = {k: v for k, v in shown["example"].items() if k != schema.timestamp}
+        without = client.post("/predict", json=timeless)
+        assert without.status_code == 200
+        assert without.json()["predictions"] == with_time["predictions"]

@@ -17,6 +17,7 @@ over the (online-normalized) dense features. On top of it:
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass
 
 import torch
@@ -130,7 +131,9 @@ class CtrModel(nn.Module):
         torch.manual_seed(config.seed)
         self.bias = nn.Parameter(torch.zeros(1))
         self.norm = OnlineNorm(config.num_dense) if config.dense_norm else nn.Identity()
-        self.dense_linear = nn.Linear(config.num_dense, 1, bias=False)
+        with warnings.catch_warnings():  # a schema with no dense fields (avazu): a (1, 0) weight, nothing to init
+            warnings.filterwarnings("ignore", "Initializing zero-element tensors", UserWarning)
+            self.dense_linear = nn.Linear(config.num_dense, 1, bias=False)
         width = config.num_fields * config.embed_dim + config.num_dense
         if config.kind == "dcn":
             self.cross = nn.ModuleList(_cross_layer(width, config.cross_rank) for _ in range(config.cross_layers))
