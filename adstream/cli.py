@@ -12,6 +12,7 @@ import sys
 from adstream.commands import (
     cmd_bench,
     cmd_demo,
+    cmd_dlq,
     cmd_down,
     cmd_join,
     cmd_predict,
@@ -123,6 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("event", help="event JSON, or - to read stdin")
     p.add_argument("--url", help="server URL (default from [serving])")
     p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("dlq", help="read the dead-letter topic: counts by reason, the newest rejected records")
+    p.add_argument("--reason", help="only letters whose reason contains this text (case-insensitive)")
+    p.add_argument("--limit", type=int, default=20, help="newest letters shown (default 20)")
+    p.add_argument("--json", action="store_true", help="the letters as JSON lines (reason, stage, source, value...)")
+    p.set_defaults(func=cmd_dlq)
 
     p = sub.add_parser("topology", help="show this machine's GPU/NIC/NUMA layout and the placement plan")
     p.add_argument("--matrix", help="read an `nvidia-smi topo -m` output from this file instead of this machine")

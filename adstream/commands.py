@@ -275,6 +275,32 @@ def cmd_predict(args: argparse.Namespace) -> None:
         sys.exit(1)
 
 
+def cmd_dlq(args: argparse.Namespace) -> None:
+    """The dead-letter topic: counts by reason, then the newest letters (one line each, or JSON lines)."""
+    from stream.dead_letters import read_dead_letters
+    from stream.errors import StreamError
+
+    config = _config(args)
+    try:
+        found = read_dead_letters(config.kafka, args.reason, args.limit)
+    except StreamError as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        for letter in found.newest:
+            print(json_line({**asdict(letter), "value": letter.value.decode("utf-8", "replace")}))
+        return
+    print(f"{config.kafka.dlq_topic}: {found.total} dead letters")
+    for reason, count in found.by_reason.items():
+        print(f"  {count:8d}  {reason}")
+    if found.newest:
+        matching = f" with a reason containing {args.reason!r}" if args.reason else ""
+        print(f"the newest {len(found.newest)}{matching} (partition:offset  stage  source  reason  record):")
+    for x in found.newest:
+        record = x.value[:160].decode("utf-8", "replace").replace("\n", "\\n")
+        cut = f" ... ({x.truncated} bytes)" if x.truncated else ""
+        print(f"  {x.partition}:{x.offset}  {x.stage}  {x.source}  {x.reason}  {record}{cut}")
+
+
 def cmd_topology(args: argparse.Namespace) -> None:
     from pathlib import Path
 

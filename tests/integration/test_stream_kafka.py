@@ -166,3 +166,42 @@ def test_a_trainer_with_a_backlog_learns_its_partitions_in_step_in_event_time(is
         source.close()
     assert learned == sorted(times[0] + times[1])
     assert offsets[0] == {1: 1} and offsets[1] == {0: 1, 1: 1} and offsets[-1] == {0: 6, 1: 6}
+
+
+def test_adstream_dlq_counts_by_reason_and_shows_the_newest_letters(isolated, tmp_path):
+    """`adstream dlq`: a user used to write a consumer to see why records were rejected (#29 item 9)."""
+    import json
+
+    from stream.dead_letters import read_dead_letters
+    from stream.outputs import dead_letter
+    from tests.integration.helpers import start_cli
+
+    kafka = isolated.kafka
+    ensure_topics(kafka)
+    writer = KafkaWriter(kafka)
+    letters = [
+        (b'{"event_id": "a", "label": 7}', "label: must be 0 or 1", "events:0:1", "stream"),
+        (b"this line is broken", "record: not JSON", "events:1:4", "stream"),
+        (b'{"event_id": "b", "label": 2}', "label: must be 0 or 1", "events:0:9", "stream"),
+        (b"x" * 5000, "record: too large", "day_0.txt:12", "replay"),
+    ]
+    for value, reason, source, stage in letters:
+        letter = dead_letter(value, reason, source, 2048, stage)
+        writer.send(kafka.dlq_topic, letter.value, headers=letter.headers)
+        writer.flush()
+    found = read_dead_letters(kafka, reason="LABEL", limit=5)
+    assert found.total == 4 and found.by_reason["label: must be 0 or 1"] == 2
+    assert [x.value for x in found.newest] == [letters[0][0], letters[2][0]]  # oldest first
+    assert {x.source for x in found.newest} == {"events:0:1", "events:0:9"}
+    newest = read_dead_letters(kafka, limit=1).newest
+    assert len(newest) == 1 and newest[0].truncated == 5000 and newest[0].stage == "replay"
+
+    proc, log = start_cli(isolated, tmp_path, "dlq", "--json", "--reason", "not json")
+    assert proc.wait(60) == 0, log.read_text()
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    assert [(x["reason"], x["value"], x["source"]) for x in lines] == [
+        ("record: not JSON", "this line is broken", "events:1:4")
+    ]
+    proc, log = start_cli(isolated, tmp_path, "dlq")
+    assert proc.wait(60) == 0, log.read_text()
+    assert "4 dead letters" in log.read_text() and "       2  label: must be 0 or 1" in log.read_text()
