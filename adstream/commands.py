@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from adstream.config import Config, load_config
 from adstream.errors import CliError
+from adstream.preflight import check_kafka, check_mlflow, check_paths
 
 if TYPE_CHECKING:
     from stream.schema import Schema
@@ -94,6 +95,8 @@ def cmd_replay(args: argparse.Namespace) -> None:
 
     config = _config(args)
     schema = _schema(config)
+    check_paths(args.paths)  # the inputs first, then the broker
+    check_kafka(config.kafka.bootstrap)
     ensure_topics(config.kafka)
     if args.clicks:
         if args.resume:
@@ -198,6 +201,7 @@ def cmd_join(args: argparse.Namespace) -> None:
     config = _config(args)
     if args.workers < 1:
         raise CliError(f"join --workers {args.workers}: use 1 or more worker processes")
+    check_kafka(config.kafka.bootstrap)
     sys.exit(run_joiners(config.kafka, config.stream, args.workers))
 
 
@@ -208,6 +212,7 @@ def cmd_stream(args: argparse.Namespace) -> None:
     workers = args.workers or config.stream.workers
     if workers < 1:
         raise CliError(f"stream --workers {workers}: use 1 or more worker processes")
+    check_kafka(config.kafka.bootstrap)
     if workers == 1:
         run_worker(config.kafka, config.stream, loglevel=args.loglevel)
     else:
@@ -223,6 +228,10 @@ def cmd_train(args: argparse.Namespace) -> None:
     workers = args.workers or config.trainer.group.workers
     if workers < 1:
         raise CliError(f"train --workers {workers}: use 1 or more replicas")
+    schema = _schema(config)
+    if "WORLD_SIZE" not in os.environ:  # a replica of a group (restarted, maybe mid-outage) retries instead
+        check_kafka(config.kafka.bootstrap)  # both before an MLflow run is opened
+        check_mlflow(config.mlflow.tracking_uri)
     if workers > 1 and "WORLD_SIZE" not in os.environ:  # supervise N replicas (torchrun sets WORLD_SIZE itself)
         from trainer.group import supervise
 
@@ -231,7 +240,7 @@ def cmd_train(args: argparse.Namespace) -> None:
             raise CliError(f"train: the replica group failed (exit {code}); see the log above")
         return
     summary = run_training(
-        _schema(config),
+        schema,
         config.kafka,
         config.trainer,
         config.mlflow,
@@ -251,6 +260,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         serving = replace(serving, port=args.port)
     if args.alias:
         serving = replace(serving, alias=args.alias)
+    check_mlflow(config.mlflow.tracking_uri)
     run_server(serving, _schema(config), config.mlflow.tracking_uri, config.mlflow.model_name)
 
 
@@ -281,6 +291,7 @@ def cmd_dlq(args: argparse.Namespace) -> None:
     from stream.errors import StreamError
 
     config = _config(args)
+    check_kafka(config.kafka.bootstrap)
     try:
         found = read_dead_letters(config.kafka, args.reason, args.limit)
     except StreamError as exc:

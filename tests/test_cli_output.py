@@ -29,3 +29,43 @@ def test_predict_without_a_server_is_one_line_naming_the_address_and_the_fix():
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "http://127.0.0.1:9" in lines[0] and "adstream serve" in lines[0], done.stderr
+
+
+DOWN = ["--set", "kafka.bootstrap=127.0.0.1:9", "--set", "mlflow.tracking_uri=http://127.0.0.1:9"]
+
+
+def _cli(*args: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    import time
+
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "adstream.cli", *args], capture_output=True, text=True, timeout=120)
+    return done, time.monotonic() - started
+
+
+def test_with_nothing_running_every_command_says_which_service_in_one_line_within_seconds(tmp_path):
+    """#29 item 2: train retried MLflow for 4 min 37 s of warnings; with only Kafka down it printed
+    hundreds of librdkafka lines and left its MLflow run open. Each command now checks the services
+    it needs once, Kafka before an MLflow run can open."""
+    cases = [
+        (["train", "--max-events", "10"], "kafka at 127.0.0.1:9"),
+        (["--set", "kafka.bootstrap=127.0.0.1:9", "train"], "kafka at 127.0.0.1:9"),
+        (["--set", "mlflow.tracking_uri=http://127.0.0.1:9", "train"], "mlflow at http://127.0.0.1:9"),
+        (["replay", "--synthetic", "10"], "kafka at 127.0.0.1:9"),
+        (["stream"], "kafka at 127.0.0.1:9"),
+        (["join"], "kafka at 127.0.0.1:9"),
+        (["serve"], "mlflow at http://127.0.0.1:9"),
+        (["dlq"], "kafka at 127.0.0.1:9"),
+    ]
+    for args, service in cases:
+        full = args if args[0] == "--set" else [*DOWN, *args]
+        done, seconds = _cli(*full)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1, (args, done.stderr[-2000:])
+        assert service in lines[0] and "adstream up" in lines[0] and seconds < 15, (args, lines, seconds)
+
+
+def test_replay_looks_at_its_files_before_the_broker():
+    """A mistyped path with no broker used to cost 30 s on Kafka and name neither."""
+    done, seconds = _cli(*DOWN, "replay", "/no/such/day_0.txt")
+    assert done.returncode == 2 and seconds < 15
+    assert done.stderr.strip() == "adstream replay: no such file '/no/such/day_0.txt'"

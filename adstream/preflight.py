@@ -1,0 +1,58 @@
+"""Before a command starts its work: its inputs, then each service it needs, once, briefly.
+
+A command with nothing running used to retry MLflow for minutes (urllib3's backoff) or print
+hundreds of librdkafka connection lines before its one useful message. Each check here either
+returns or raises CliError with one line: the service, the address and the fix (exit 2 in
+cli.main), within a few seconds. A service that is up but slow is the clients' business after
+that (they retry as before, logged once).
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from urllib.parse import urlparse
+
+from adstream.errors import CliError
+
+PROBE_TIMEOUT_S = 3.0  # one TCP connect or HTTP request per service
+
+
+def check_paths(paths: list[str]) -> None:
+    """Every path exists (a glob's folder is the user's: only plain paths are checked)."""
+    missing = [p for p in paths if not any(c in p for c in "*?[") and not Path(p).exists()]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if missing[1:] else ""
+        raise CliError(f"no such file {missing[0]!r}{more}")
+
+
+def check_kafka(bootstrap: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """Some bootstrap server of `bootstrap` ("host:port,host:port") accepts a TCP connection."""
+    errors = []
+    for server in bootstrap.split(","):
+        host, _, port = server.strip().rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]") or "localhost", int(port)), timeout=timeout_s):
+                return
+        except (OSError, ValueError) as exc:
+            errors.append(f"{server}: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}")
+    raise CliError(
+        f"kafka at {bootstrap}: not reachable ({'; '.join(errors)}); start it with `adstream up` or set kafka.bootstrap"
+    )
+
+
+def check_mlflow(tracking_uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """An http(s) tracking server answers /health (a file: or sqlite: store needs no server)."""
+    import httpx
+
+    if urlparse(tracking_uri).scheme not in ("http", "https"):
+        return
+    try:
+        response = httpx.get(f"{tracking_uri.rstrip('/')}/health", timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise CliError(
+            f"mlflow at {tracking_uri}: not reachable ({type(exc).__name__}); start it with `adstream up` "
+            "or set mlflow.tracking_uri"
+        ) from None
+    if response.status_code >= 500:
+        raise CliError(f"mlflow at {tracking_uri}: /health answered {response.status_code}; see its log")
