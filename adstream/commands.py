@@ -9,12 +9,14 @@ import argparse
 import json
 import math
 import sys
+import time
 from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
 from adstream.config import Config, load_config
 from adstream.errors import CliError
 from adstream.preflight import check_kafka, check_mlflow, check_paths
+from adstream.running import announce
 
 if TYPE_CHECKING:
     from stream.schema import Schema
@@ -79,13 +81,81 @@ def cmd_down(args: argparse.Namespace) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> None:
+    """The stack's services, the adstream processes running on it, each consumer group's lag, the
+    dead letters by reason and the served model (exit 1 if Kafka or MLflow is down)."""
     from adstream import stack
+    from adstream.running import running
 
-    report = stack.status(_config(args).stack)
+    config = _config(args)
+    report = stack.status(config.stack)
     for name, item in report.items():
         print(f"{name:7s} {'up  ' if item['up'] else 'down'} {item['address']}  pid {item['pid']}  log {item['log']}")
+    processes = running(config.stack.state_dir)
+    print(f"processes: {len(processes) if processes else 'none'} announced in {config.stack.state_dir}/running")
+    for p in processes:
+        since = time.strftime("%H:%M:%S", time.localtime(p.started_s))
+        state = "running" if p.alive else "gone (killed?)"
+        print(f"  {p.command:7s} pid {p.pid:<7d} {state}  since {since}  adstream {' '.join(p.argv)}")
+    if report["kafka"]["up"]:
+        _status_kafka(config)
+    _status_serving(config)
     if not all(item["up"] for item in report.values()):
         sys.exit(1)
+
+
+def _status_kafka(config: Config) -> None:
+    from adstream.running import consumer_lags
+    from stream.dead_letters import read_dead_letters
+    from stream.errors import StreamError
+
+    kafka = config.kafka
+    groups = {
+        config.stream.join.app_id: [kafka.impressions_topic, kafka.clicks_topic],
+        config.stream.app_id: [kafka.events_topic],
+        config.trainer.group_id: [kafka.batches_topic],
+    }
+    print("consumer groups (lag: records past the group's committed offsets):")
+    try:
+        lags = consumer_lags(kafka.bootstrap, groups)
+    except Exception as exc:  # a status line, not a reason to fail the whole report
+        print(f"  unavailable ({exc})")
+        lags = {}
+    for group, info in lags.items():
+        topics = ", ".join(f"{topic} {lag:,}" for topic, lag in info["lag"].items())
+        print(f"  {group:28s} {topics}" + ("" if info["committed"] else "  (nothing committed yet)"))
+    try:
+        letters = read_dead_letters(kafka, limit=0, timeout_s=10)
+    except StreamError as exc:
+        print(f"dead letters: unavailable ({exc})")
+        return
+    print(
+        f"dead letters: {letters.total:,} in {kafka.dlq_topic}"
+        + (" (`adstream dlq` shows them)" if letters.total else "")
+    )
+    for reason, count in list(letters.by_reason.items())[:10]:
+        print(f"  {count:8,d}  {reason}")
+
+
+def _status_serving(config: Config) -> None:
+    import os
+
+    import httpx
+
+    url = f"http://{config.serving.host}:{config.serving.port}"
+    token = config.serving.token or os.environ.get("ADSTREAM_SERVING_TOKEN", "")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        response = httpx.get(f"{url}/model", headers=headers, timeout=2)
+    except httpx.HTTPError:
+        print(f"serving: no server at {url}")
+        return
+    if response.status_code != 200:
+        print(f"serving: {url} answers {response.status_code}: {response.text[:200]}")
+        return
+    info = response.json()
+    newest = info.get("newest_event_ms") or 0
+    age = f", newest event learned {time.time() - newest / 1000:,.0f} s ago" if newest else ""
+    print(f"serving: {url} version {info['model_version']} (step {info['step']}){age}")
 
 
 def cmd_replay(args: argparse.Namespace) -> None:
@@ -202,7 +272,9 @@ def cmd_join(args: argparse.Namespace) -> None:
     if args.workers < 1:
         raise CliError(f"join --workers {args.workers}: use 1 or more worker processes")
     check_kafka(config.kafka.bootstrap)
-    sys.exit(run_joiners(config.kafka, config.stream, args.workers))
+    with announce(config.stack.state_dir, "join"):
+        code = run_joiners(config.kafka, config.stream, args.workers)
+    sys.exit(code)
 
 
 def cmd_stream(args: argparse.Namespace) -> None:
@@ -213,10 +285,12 @@ def cmd_stream(args: argparse.Namespace) -> None:
     if workers < 1:
         raise CliError(f"stream --workers {workers}: use 1 or more worker processes")
     check_kafka(config.kafka.bootstrap)
-    if workers == 1:
-        run_worker(config.kafka, config.stream, loglevel=args.loglevel)
-    else:
-        sys.exit(run_workers(config.kafka, config.stream, workers, loglevel=args.loglevel))
+    with announce(config.stack.state_dir, "stream"):
+        if workers == 1:
+            run_worker(config.kafka, config.stream, loglevel=args.loglevel)
+            return
+        code = run_workers(config.kafka, config.stream, workers, loglevel=args.loglevel)
+    sys.exit(code)
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -235,19 +309,22 @@ def cmd_train(args: argparse.Namespace) -> None:
     if workers > 1 and "WORLD_SIZE" not in os.environ:  # supervise N replicas (torchrun sets WORLD_SIZE itself)
         from trainer.group import supervise
 
-        code = supervise(args.argv, workers, config.trainer.group.max_restarts)
+        with announce(config.stack.state_dir, "train"):
+            code = supervise(args.argv, workers, config.trainer.group.max_restarts)
         if code:
             raise CliError(f"train: the replica group failed (exit {code}); see the log above")
         return
-    summary = run_training(
-        schema,
-        config.kafka,
-        config.trainer,
-        config.mlflow,
-        max_steps=args.max_steps,
-        max_events=args.max_events,
-        idle_exit_s=args.idle_exit,
-    )
+    role = f"train-{os.environ['RANK']}" if "RANK" in os.environ else "train"  # a replica of a group: its rank
+    with announce(config.stack.state_dir, role):
+        summary = run_training(
+            schema,
+            config.kafka,
+            config.trainer,
+            config.mlflow,
+            max_steps=args.max_steps,
+            max_events=args.max_events,
+            idle_exit_s=args.idle_exit,
+        )
     print(json_line(asdict(summary)))
 
 
@@ -261,7 +338,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
     if args.alias:
         serving = replace(serving, alias=args.alias)
     check_mlflow(config.mlflow.tracking_uri)
-    run_server(serving, _schema(config), config.mlflow.tracking_uri, config.mlflow.model_name)
+    with announce(config.stack.state_dir, "serve"):
+        run_server(serving, _schema(config), config.mlflow.tracking_uri, config.mlflow.model_name)
 
 
 def cmd_predict(args: argparse.Namespace) -> None:

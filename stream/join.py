@@ -48,6 +48,12 @@ ELAPSED = "elapsed"  # elapsed: the emission after elapsed_ms, with the label se
 POSITIVE_COPY = "positive_copy"  # fake_negative / elapsed: a click inside the window, after the first emission
 LATE_POSITIVE = "late_positive"  # fake_negative / elapsed: a click after the window (a correction)
 FIRST_EMISSIONS = frozenset({FINAL, FAKE_NEGATIVE, ELAPSED})
+# a dead-lettered click's reason (one text for every orphan, so `adstream dlq` counts them together;
+# the click record beside it names the impression)
+ORPHAN_CLICK = (
+    "impression_id: no impression with this id came within stream.join.allowed_lateness_s of the click "
+    "(or it is older than 2 x window_s + the allowance)"
+)
 
 
 @dataclass(frozen=True)
@@ -200,11 +206,7 @@ def on_timer(entry: Entry, watermark: int, s: JoinRules) -> Step:
     """Event time passed entry.due: emit what is due, move the entry to its next timer or forget it."""
     if entry.impression is None:  # an early click whose impression never came
         assert entry.early_click is not None
-        reason = (
-            f"impression_id: no impression {entry.early_click.impression_id[:256]!r} came within "
-            "stream.join.allowed_lateness_ms of the click (or it is older than 2 x window_ms + the allowance)"
-        )
-        return Step(None, dead=(DeadClick(entry.early_click, reason),), counts=Counts(orphan_clicks=1))
+        return Step(None, dead=(DeadClick(entry.early_click, ORPHAN_CLICK),), counts=Counts(orphan_clicks=1))
     imp = entry.impression
     if entry.closed:
         return Step(None)  # remembered long enough for late and duplicate clicks

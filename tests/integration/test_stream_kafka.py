@@ -1,5 +1,7 @@
 """(a) replay -> Faust featurizer -> batches topic holds exactly the events sent; bad lines in the DLQ."""
 
+import subprocess
+import sys
 import uuid
 
 import orjson
@@ -205,3 +207,64 @@ def test_adstream_dlq_counts_by_reason_and_shows_the_newest_letters(isolated, tm
     proc, log = start_cli(isolated, tmp_path, "dlq")
     assert proc.wait(60) == 0, log.read_text()
     assert "4 dead letters" in log.read_text() and "       2  label: must be 0 or 1" in log.read_text()
+
+
+def test_adstream_status_shows_the_processes_groups_dead_letters_and_serving(isolated, tmp_path):
+    """#29 item 8: status listed Kafka and MLflow only."""
+    import time
+
+    from stream.outputs import dead_letter
+    from tests.integration.helpers import free_port, start_cli
+
+    config = replace_serving_port(isolated, free_port())
+    kafka = config.kafka
+    ensure_topics(kafka)
+    writer = KafkaWriter(kafka)
+    letter = dead_letter(b"broken", "record: not JSON", "events:0:3", 4096)
+    writer.send(kafka.dlq_topic, letter.value, headers=letter.headers)
+    writer.flush()
+    replay(synthetic_records_of(100), kafka, progress=False)
+    stream, stream_log = start_cli(config, tmp_path, "stream")
+    try:
+        deadline = time.monotonic() + 90
+        text = ""
+        while time.monotonic() < deadline:
+            done = subprocess.run(
+                [sys.executable, "-m", "adstream.cli", "--config", str(tmp_path / "stream.toml"), "status"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            text = done.stdout
+            if f"{config.stream.app_id}" in text and f"{kafka.events_topic} 0" in text:
+                break  # the featurizer committed every event
+            time.sleep(2)
+        assert f"stream  pid {stream.pid}" in text and "running" in text, text
+        assert f"{kafka.events_topic} 0" in text, text + stream_log.read_text()[-2000:]
+        assert f"{config.trainer.group_id}" in text and "(nothing committed yet)" in text
+        assert "dead letters: 1 in" in text and "       1  record: not JSON" in text
+        assert f"serving: no server at http://127.0.0.1:{config.serving.port}" in text
+    finally:
+        stop_process(stream)
+    done = subprocess.run(
+        [sys.executable, "-m", "adstream.cli", "--config", str(tmp_path / "stream.toml"), "status"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert f"pid {stream.pid}" not in done.stdout  # gone with the process
+
+
+def replace_serving_port(config, port):
+    from dataclasses import replace
+
+    return replace(config, serving=replace(config.serving, port=port))
+
+
+def synthetic_records_of(n: int):
+    from stream.replay import synthetic_records
+    from stream.synthetic import SyntheticCriteo
+
+    schema = load_schema()
+    events, _ = SyntheticCriteo(schema).generate(n)
+    return synthetic_records(events, schema)
