@@ -14,12 +14,12 @@ TWO = Schedule(world=2, merge_every_steps=4, snapshot_every_steps=8, log_every_s
 # (name, state before, summed round, schedule) -> (state after, actions)
 CASES = [
     (
-        "a batch: learn, count rounds and events",
+        "a batch: learn, count rounds and events (round 1: an early report)",
         LoopState(rounds=0, events=10),
         Round(batches=1, events=7, idle=1),
         TWO,
         LoopState(rounds=1, events=17, since_merge=1),
-        Actions(learn=True, merge=False, snapshot=False, report=False, stop=False),
+        Actions(learn=True, merge=False, snapshot=False, report=True, stop=False),
     ),
     (
         "no batch, not everyone idle: wait",
@@ -35,7 +35,7 @@ CASES = [
         Round(batches=2, events=8, idle=0),
         TWO,
         LoopState(rounds=4, events=8, since_merge=0),
-        Actions(learn=True, merge=True, snapshot=False, report=False, stop=False, sync=True),
+        Actions(learn=True, merge=True, snapshot=False, report=True, stop=False, sync=True),
     ),
     (
         "merge at snapshot_every_steps: merge then snapshot",
@@ -51,7 +51,7 @@ CASES = [
         Round(batches=2, events=8, idle=0, snapshot_due=True),
         TWO,
         LoopState(rounds=2, events=8, since_merge=2),
-        Actions(learn=True, merge=False, snapshot=False, report=False, stop=False),
+        Actions(learn=True, merge=False, snapshot=False, report=True, stop=False),
     ),
     (
         "rank 0's merge clock: merge early, with the snapshot clock snapshot too",
@@ -59,7 +59,7 @@ CASES = [
         Round(batches=1, events=4, idle=0, merge_due=True, snapshot_due=True),
         TWO,
         LoopState(rounds=2, events=4, since_merge=0, last_snapshot_round=2, last_publication_round=2),
-        Actions(learn=True, merge=True, snapshot=True, report=False, stop=False, sync=True),
+        Actions(learn=True, merge=True, snapshot=True, report=True, stop=False, sync=True),
     ),
     (
         "merge clock with nothing learned since the last merge: nothing to do",
@@ -99,7 +99,7 @@ CASES = [
         Round(batches=1, events=8, idle=0),
         Schedule(world=1, merge_every_steps=4, snapshot_every_steps=100, log_every_steps=5, max_events=100),
         LoopState(rounds=1, events=103, since_merge=0, last_snapshot_round=1, last_publication_round=1),
-        Actions(learn=True, merge=True, snapshot=True, report=False, stop=True, sync=True),
+        Actions(learn=True, merge=True, snapshot=True, report=True, stop=True, sync=True),
     ),
     (
         "k = 0 (synchronous): every round is a sync point, never a merge",
@@ -208,3 +208,15 @@ def test_every_publication_carries_rounds_the_previous_one_did_not(rounds: int) 
     assert act.stop
     assert published[-1] == rounds  # the last rounds learned reach serving
     assert published == sorted(published) and len(published) > rounds // 2
+
+
+def test_a_short_run_reports_often_enough_to_draw_a_curve():
+    """8 rounds and log_every_steps 20 gave one MLflow point (#29 item 5): rounds 1, 2, 4, 8 report,
+    then every 20th as before."""
+    schedule = Schedule(world=1, merge_every_steps=0, snapshot_every_steps=1000, log_every_steps=20)
+    state, reported = LoopState(), []
+    for _ in range(60):
+        state, act = decide(state, Round(batches=1, events=10, idle=0), schedule)
+        if act.report:
+            reported.append(state.rounds)
+    assert reported == [1, 2, 4, 8, 16, 20, 40, 60]

@@ -21,7 +21,8 @@ Rules:
   - rank 0's publish clock (publish_every_s) makes a sync point too, where a delta publication
     is sent (the rows changed since the last publication), unless a snapshot is taken there or
     nothing was learned since the last publication (the stop round after a snapshot);
-  - report metrics every log_every_steps learning rounds.
+  - report metrics every log_every_steps learning rounds, and at rounds 1, 2, 4, 8... before the
+    first of those, so a short run draws a curve too (the loop also reports once at the end).
 """
 
 from __future__ import annotations
@@ -115,8 +116,13 @@ def decide(state: LoopState, summed: Round, schedule: Schedule) -> tuple[LoopSta
             last_snapshot_round=state.rounds if snapshot else state.last_snapshot_round,
             last_publication_round=state.rounds if snapshot or publish else state.last_publication_round,
         )
-    report = learn and state.rounds % schedule.log_every_steps == 0
+    report = learn and (state.rounds % schedule.log_every_steps == 0 or _early(state.rounds, schedule.log_every_steps))
     merge = sync and schedule.merge_every_steps > 0
     return state, Actions(
         learn=learn, merge=merge, snapshot=snapshot, report=report, stop=stop, sync=sync, publish=publish
     )
+
+
+def _early(rounds: int, every: int) -> bool:
+    """Round 1, 2, 4, 8... below `every`: the first reports of a run come sooner."""
+    return rounds < every and rounds & (rounds - 1) == 0
