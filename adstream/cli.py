@@ -161,6 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--drift", type=float, default=0.5, help="accuracy: drift of the drifting synthetic stream")
     p.add_argument("--no-ablation", action="store_true", help="accuracy: skip the ablation rows")
+    p.add_argument(
+        "--log",
+        action="append",
+        help="accuracy: a log file of the schema as the real rows, in place of the Criteo files (repeatable)",
+    )
+    p.add_argument("--schema", help="accuracy: the schema (bundled name or TOML path) of --log; as --set stream.schema")
     p.add_argument("--criteo", default="../shared/data/criteo", help="folder of real Criteo TSV files")
     p.add_argument("--ids", type=int, default=50_000_000, help="store: distinct ids in the table")
     p.add_argument("--batches", type=int, default=40, help="store: timed batches of 4096 events x 26 fields")

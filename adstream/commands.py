@@ -494,6 +494,10 @@ def cmd_bench(args: argparse.Namespace) -> None:
         from bench.accuracy import run_accuracy_bench
 
         config = _config(args)
+        if args.schema:
+            config = replace(config, stream=replace(config.stream, schema=args.schema))
+        if args.log:
+            check_paths(args.log)
         result = run_accuracy_bench(
             _schema(config),
             config.trainer,
@@ -501,6 +505,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
             drift=args.drift,
             criteo_dir=args.criteo,
             ablation=not args.no_ablation,
+            logs=args.log,
         )
     else:
         from pathlib import Path

@@ -38,3 +38,21 @@ def test_bench_accuracy_reports_every_dataset_and_model():
     drift = {r["model"]: r for r in runs if r["dataset"] == "synthetic-drift2"}
     assert drift["adstream-frozen-at-20%"]["auc"] < drift["adstream"]["auc"]
     assert any(key.startswith("criteo-real/second-half") for key in result["targets"])
+
+
+def test_bench_accuracy_takes_any_log_its_schema_reads(tmp_path):
+    """#29 item 11: `--criteo` globbed *.txt only and the synthetic jobs failed under avazu (exit 2,
+    no JSON); a log of any schema is the real rows, named by the schema, and the synthetic datasets
+    are skipped with the reason when the generator cannot drive the schema."""
+    from tests.helpers import avazu_csv
+
+    log = avazu_csv(tmp_path / "avazu.csv", 3000)
+    settings = TrainerSettings(model=ModelSettings(embed_dim=4, hidden=(16,)), threads=1)
+    result = run_accuracy_bench(
+        load_schema("avazu"), settings, events=2000, logs=[str(log)], ablation=False, progress=False
+    )
+    datasets = {r["dataset"] for r in result["runs"]}
+    assert datasets == {"avazu-log", "avazu-log/first-half", "avazu-log/second-half"}
+    assert {"adstream", "river-lr", "pytorch-deepfm"} <= {r["model"] for r in result["runs"]}
+    assert result["synthetic"].startswith("skipped: the synthetic generator cannot drive schema 'avazu'")
+    assert any(key.startswith("avazu-log/second-half") for key in result["targets"])
