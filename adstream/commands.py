@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from adstream.config import Config, load_config
 from adstream.errors import CliError
-from adstream.preflight import check_kafka, check_mlflow, check_paths
+from adstream.preflight import check_kafka, check_log_schema, check_mlflow, check_paths
 from adstream.running import announce
 
 if TYPE_CHECKING:
@@ -166,6 +166,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
     config = _config(args)
     schema = _schema(config)
     check_paths(args.paths)  # the inputs first, then the broker
+    check_log_schema(args.paths, schema)
     check_kafka(config.kafka.bootstrap)
     ensure_topics(config.kafka)
     if args.clicks:
@@ -518,8 +519,15 @@ def cmd_bench(args: argparse.Namespace) -> None:
         result = run_pipeline_bench(
             config.kafka, config.stream, config.trainer, log_dir, events=args.events or 100_000, criteo_dir=args.criteo
         )
-    text = json.dumps(result, indent=2)
+    text = json.dumps(json_safe(result), indent=2)
     print(text)
     if args.json:
+        from pathlib import Path
+
+        from bench.plots import plot_bench
+
         with open(args.json, "w") as fh:
             fh.write(text)
+        png = plot_bench(args.which, result, Path(args.json).with_suffix(".png"))
+        if png is not None:
+            print(f"bench {args.which}: the picture is {png}", file=sys.stderr)

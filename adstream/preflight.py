@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from adstream.errors import CliError
+
+if TYPE_CHECKING:
+    from stream.schema import Schema
 
 PROBE_TIMEOUT_S = 3.0  # one TCP connect or HTTP request per service
 
@@ -56,3 +60,40 @@ def check_mlflow(tracking_uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
         ) from None
     if response.status_code >= 500:
         raise CliError(f"mlflow at {tracking_uri}: /health answered {response.status_code}; see its log")
+
+
+def check_log_schema(paths: list[str], schema: Schema) -> None:
+    """The first block of the first log reads under `schema`; when none of its rows does, name a
+    bundled schema it reads under (a wrong --set stream.schema used to replay 0 events, exit 0)."""
+    from stream.logs import read_log
+    from stream.schema import SCHEMA_DIR, load_schema
+
+    files = [p for p in paths if Path(p).is_file()]
+    if not files:
+        return
+    block = _first_block(files[0], schema, read_log)
+    if block is None or block.good.num_rows or not block.bad:
+        return
+    fits = []
+    for path in sorted(SCHEMA_DIR.glob("*.toml")):
+        other = load_schema(path)
+        if other.hash != schema.hash:
+            tried = _first_block(files[0], other, read_log)
+            if tried is not None and tried.good.num_rows:
+                fits.append(other.name)
+    hint = (
+        f"it reads under {fits[0]!r}: run replay, stream, train and serve with --set stream.schema={fits[0]}"
+        if fits
+        else "no bundled schema reads it: write one (README: Schemas) and pass --set stream.schema=PATH"
+    )
+    raise CliError(
+        f"none of the first {len(block.bad)} rows of {files[0]} reads under schema {schema.name!r} ({schema.hash}): "
+        f"{block.bad[0].reason}; {hint}"
+    )
+
+
+def _first_block(path: str, schema: Schema, read_log: Any) -> Any:
+    try:
+        return next(iter(read_log([path], schema)), None)
+    except Exception:  # a layout this schema's reader cannot even open: no rows read under it
+        return None

@@ -142,10 +142,23 @@ def score(labels: np.ndarray, probs: np.ndarray) -> dict[str, float]:
     return {"auc": auc_exact(labels, probs), "logloss": logloss(labels, probs), "ece": ece(labels, probs)}
 
 
+def auc_by_tenth(labels: np.ndarray, probs: np.ndarray) -> list[float | None]:
+    """The AUC of each tenth of the stream, in stream order (None for a tenth with one class only)."""
+    out: list[float | None] = []
+    for piece in np.array_split(np.arange(len(labels)), 10):
+        y = labels[piece]
+        out.append(auc_exact(y, probs[piece]) if 0 < y.sum() < len(y) else None)
+    return out
+
+
 def rows_for(stream: Stream, model: str, batch_size: int, probs: np.ndarray, seconds: float) -> list[dict[str, Any]]:
     labels = stream.features.labels.astype(np.float64)
     n = len(labels)
-    base = {"model": model, "batch_size": batch_size, "samples_per_s": n / seconds if seconds > 0 else 0.0}
+    base = {
+        "model": model,
+        "batch_size": batch_size,
+        "samples_per_s": n / seconds if seconds > 0 else 0.0,
+    }
     if stream.truth is None:  # real rows: whole, first half, second half
         half = n // 2
         pieces = [("", slice(0, n)), ("/first-half", slice(0, half)), ("/second-half", slice(half, n))]
@@ -155,6 +168,7 @@ def rows_for(stream: Stream, model: str, batch_size: int, probs: np.ndarray, sec
                 **base,
                 "events": s.stop - s.start,
                 **score(labels[s], probs[s]),
+                "auc_by_tenth": auc_by_tenth(labels[s], probs[s]),  # in stream order (bench/plots.py)
                 "truth_auc": None,
             }
             for suffix, s in pieces
@@ -168,6 +182,7 @@ def rows_for(stream: Stream, model: str, batch_size: int, probs: np.ndarray, sec
             **base,
             "events": n,
             **score(labels, probs),
+            "auc_by_tenth": auc_by_tenth(labels, probs),
             "truth_auc": truth_auc,
             "gap_to_truth": truth_auc - auc_exact(labels, probs),
             "window_events": window.stop - window.start,

@@ -71,6 +71,8 @@ class Load:
             "p50_ms": pick(50),
             "p99_ms": pick(99),
             "max_ms": float(ok.max()) if len(ok) else float("nan"),
+            # the latency CDF: percentile -> ms (bench/plots.py draws it)
+            "cdf_ms": {f"{q:g}": pick(q) for q in (1, 5, 10, 25, 50, 75, 90, 95, 99, 99.5, 99.9, 100)},
         }
 
 
@@ -375,9 +377,18 @@ def freshness(
         "not_served": int((~seen).sum()),
         "freshness_p50_s": float(np.percentile(delays, 50)) if len(delays) else float("nan"),
         "freshness_p99_s": float(np.percentile(delays, 99)) if len(delays) else float("nan"),
+        "histogram_s": _histogram(delays),
         "publish_every_s": trainer.snapshot.publish_every_s,
         "poll_s": serving.poll_s,
     }
+
+
+def _histogram(values: np.ndarray, bins: int = 20) -> dict[str, list[float]]:
+    """Counts of `values` in `bins` equal bins: {"edges": bins + 1 floats, "counts": bins ints}."""
+    if not len(values):
+        return {"edges": [], "counts": []}
+    counts, edges = np.histogram(values, bins=bins)
+    return {"edges": edges.tolist(), "counts": counts.tolist()}
 
 
 def publish_bytes(schema: Schema, settings: TrainerSettings, rows: int, folder: Path) -> dict[str, Any]:

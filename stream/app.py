@@ -24,9 +24,9 @@ from prometheus_client import Counter, start_http_server
 from stream.faust_hot_path import QuietMonitor
 from stream.featurize import featurize_isolating
 from stream.outputs import BATCHES, DLQ, Output, plan_outputs
-from stream.records import RawRecord
+from stream.records import RawRecord, Rejected
 from stream.retry import is_transient
-from stream.schema import load_schema
+from stream.schema import Schema, load_schema
 from stream.settings import KafkaSettings, StreamSettings
 
 log = logging.getLogger("adstream.stream")
@@ -65,6 +65,7 @@ def build_app(kafka: KafkaSettings, settings: StreamSettings) -> faust.App:
 
     @app.agent(events_topic)
     async def featurize_agent(stream: faust.StreamT) -> None:
+        seen_good = warned = False  # a record of this worker's was featurized; the all-rejected line was said
         async for events in stream.take_events(  # type: ignore[attr-defined]
             settings.take_records, within=settings.batch_within_s
         ):
@@ -78,11 +79,28 @@ def build_app(kafka: KafkaSettings, settings: StreamSettings) -> faust.App:
             except Exception:  # a bug, or a write Kafka refuses for good: stop before anything is acknowledged
                 give_up(f"featurizing the records at {_where(events)}")
             letters = sum(o.topic == DLQ for o in outputs)
+            if letters == len(records) and not seen_good and not warned:  # nothing featurized yet, all rejected
+                say_all_rejected(rejected, schema, kafka.dlq_topic)
+                warned = True
+            seen_good = seen_good or letters < len(records)
             REJECTED.inc(letters)
             EVENTS.inc(sum(o.events for o in outputs))
             BATCHES_WRITTEN.inc(len(outputs) - letters)
 
     return app
+
+
+def say_all_rejected(rejected: list[Rejected], schema: Schema, dlq_topic: str) -> None:
+    """One error line when a worker's takes are all rejected from its start: likely another schema."""
+    if rejected:
+        log.error(
+            "every event so far was rejected under schema %s (%s), e.g. %r; if the events are of another "
+            "schema, run with --set stream.schema=NAME (and train/serve alike); `adstream dlq` shows them in %s",
+            schema.name,
+            schema.hash,
+            rejected[0].reason,
+            dlq_topic,
+        )
 
 
 async def deliver(outputs: list[Output], topics: dict[str, faust.TopicT]) -> None:

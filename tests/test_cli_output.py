@@ -69,3 +69,16 @@ def test_replay_looks_at_its_files_before_the_broker():
     done, seconds = _cli(*DOWN, "replay", "/no/such/day_0.txt")
     assert done.returncode == 2 and seconds < 15
     assert done.stderr.strip() == "adstream replay: no such file '/no/such/day_0.txt'"
+
+
+def test_replay_of_a_log_under_the_wrong_schema_stops_naming_the_schema_that_reads_it(tmp_path):
+    """#29 item 1: an Avazu CSV under the default schema replayed 0 events, rejected them all, exit 0."""
+    from tests.helpers import avazu_csv
+
+    log = avazu_csv(tmp_path / "train.csv", 300)
+    done, seconds = _cli(*DOWN, "replay", str(log))
+    assert done.returncode == 2 and seconds < 15, done.stderr[-2000:]
+    message = done.stderr.strip()
+    assert "reads under schema 'criteo'" in message and "--set stream.schema=avazu" in message
+    done, _ = _cli(*DOWN, "--set", "stream.schema=avazu", "replay", str(log))
+    assert done.returncode == 2 and "kafka at 127.0.0.1:9" in done.stderr  # the right schema: on to the broker

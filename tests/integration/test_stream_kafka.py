@@ -268,3 +268,31 @@ def synthetic_records_of(n: int):
     schema = load_schema()
     events, _ = SyntheticCriteo(schema).generate(n)
     return synthetic_records(events, schema)
+
+
+def test_a_featurizer_given_events_of_another_schema_says_so_once(isolated, tmp_path):
+    """#29 item 1: `stream` sent everything to the DLQ and printed nothing."""
+    import time
+
+    from tests.integration.helpers import start_cli
+
+    kafka = isolated.kafka
+    ensure_topics(kafka)
+    writer = KafkaWriter(kafka)
+    avazu = load_schema("avazu")
+    for i in range(50):
+        writer.send(kafka.events_topic, orjson.dumps({**avazu.request_example(), "id": f"a{i}", "click": 0}))
+    writer.flush()
+    proc, log = start_cli(isolated, tmp_path, "stream")
+    try:
+        deadline = time.monotonic() + 90
+        while "every event so far was rejected" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(1)
+        writer.send(kafka.events_topic, orjson.dumps({**avazu.request_example(), "id": "later", "click": 0}))
+        writer.flush()
+        time.sleep(3)
+    finally:
+        stop_process(proc)
+    text = log.read_text()
+    assert text.count("every event so far was rejected under schema criteo") == 1, text[-3000:]
+    assert "--set stream.schema=NAME" in text and "adstream dlq" in text

@@ -1,0 +1,108 @@
+"""A picture beside each benchmark's JSON (`adstream bench X --json PATH` also writes PATH's .png).
+
+    accuracy: AUC over the stream (each tenth of it), one line per model and dataset
+    serving:  latency CDF per load (1 and 64 events per request, ours and mlflow pyfunc),
+              and the freshness histogram
+    merge:    AUC against the bytes replicas sent, per worker count and k
+    store:    rows/s of each store (the in-RAM table, the hierarchy cold, warm and serial)
+    join:     AUC per policy and window, and the joiner's impressions/s
+Other benchmarks draw nothing. Drawn from the JSON alone, with matplotlib's file backend.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def plot_bench(which: str, result: dict[str, Any], png: Path) -> Path | None:
+    """Draw `result` of bench `which` into `png`; None when the bench has no picture."""
+    draw = {"accuracy": _accuracy, "serving": _serving, "merge": _merge, "store": _store, "join": _join}.get(which)
+    if draw is None:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure = draw(plt, result)
+    figure.tight_layout()
+    figure.savefig(png, dpi=110)
+    plt.close(figure)
+    return png
+
+
+def _accuracy(plt: Any, result: dict[str, Any]) -> Any:
+    runs = [
+        r for r in result["runs"] if r.get("auc_by_tenth") and "ablation" not in r["model"] and "/" not in r["dataset"]
+    ]
+    datasets = sorted({r["dataset"] for r in runs})
+    figure, axes = plt.subplots(1, max(len(datasets), 1), figsize=(5.5 * max(len(datasets), 1), 4), squeeze=False)
+    for ax, dataset in zip(axes[0], datasets, strict=False):
+        for r in (r for r in runs if r["dataset"] == dataset):
+            tenths = r["auc_by_tenth"]
+            ax.plot([10 * (i + 1) for i in range(len(tenths))], tenths, marker=".", label=r["model"])
+        ax.set(title=dataset, xlabel="% of the stream", ylabel="AUC of each tenth (scored before learning)")
+        ax.legend(fontsize=7)
+    return figure
+
+
+def _serving(plt: Any, result: dict[str, Any]) -> Any:
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, load in result.items():
+        if isinstance(load, dict) and load.get("cdf_ms"):
+            quantiles = sorted((float(q), ms) for q, ms in load["cdf_ms"].items())
+            left.plot([ms for _, ms in quantiles], [q for q, _ in quantiles], label=name)
+    left.set(xscale="log", xlabel="latency (ms)", ylabel="% of requests at most", title="POST /predict latency CDF")
+    left.legend(fontsize=7)
+    histogram = result.get("freshness", {}).get("histogram_s")
+    if histogram:
+        edges, counts = histogram["edges"], histogram["counts"]
+        right.bar(edges[:-1], counts, width=[b - a for a, b in zip(edges, edges[1:], strict=False)], align="edge")
+    right.set(xlabel="seconds from an event produced to a served model that learned it", ylabel="events")
+    right.set_title("freshness")
+    return figure
+
+
+def _merge(plt: Any, result: dict[str, Any]) -> Any:
+    figure, ax = plt.subplots(figsize=(7, 4.5))
+    for r in result["runs"]:
+        label = f"{r.get('dataset', '')} {r['workers']}w k={r['k']} {r.get('layout', '')}".strip()
+        ax.scatter(max(r["bytes"], 1), r["auc"])
+        ax.annotate(label, (max(r["bytes"], 1), r["auc"]), fontsize=6)
+    ax.set(xscale="log", xlabel="bytes the replicas sent (merges or syncs)", ylabel="progressive AUC")
+    ax.set_title("k-step merging: accuracy against bytes")
+    return figure
+
+
+def _store(plt: Any, result: dict[str, Any]) -> Any:
+    bars = {
+        "in-RAM table": result.get("in_memory_rows_per_s"),
+        "hierarchy, cold": result.get("hierarchy_cold_rows_per_s"),
+        "hierarchy, warm": result.get("hierarchy_rows_per_s"),
+        "hierarchy, no prefetch": result.get("hierarchy_serial_rows_per_s"),
+    }
+    bars = {k: v for k, v in bars.items() if v}
+    figure, ax = plt.subplots(figsize=(7, 4))
+    ax.bar(list(bars), list(bars.values()))
+    ax.set(ylabel="rows/s", title="embedding rows looked up and updated per second")
+    return figure
+
+
+def _join(plt: Any, result: dict[str, Any]) -> Any:
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    runs = result.get("accuracy", [])
+    labels = [r["policy"] + ("" if r["window_s"] is None else f"\n{r['window_s'] / 60:g} min") for r in runs]
+    left.bar(range(len(runs)), [r["auc"] for r in runs])
+    left.set_xticks(range(len(runs)), labels, fontsize=7, rotation=30, ha="right")
+    if runs:
+        low = min(r["auc"] for r in runs)
+        left.set_ylim(low - 0.01, max(r["auc"] for r in runs) + 0.005)
+    left.set(ylabel="AUC against the true labels", title="learning from delayed clicks")
+    joiner = result.get("joiner", [])
+    right.bar(
+        [f"{j['format']} x{j['bundle']}\n{j.get('window_s') or 0:g} s window" for j in joiner],
+        [j["impressions_per_s"] for j in joiner],
+    )
+    right.set(ylabel="impressions/s", title="the joiner, one process")
+    return figure
