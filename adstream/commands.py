@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import sys
 import time
 from dataclasses import asdict, replace
@@ -316,6 +317,8 @@ def cmd_train(args: argparse.Namespace) -> None:
             raise CliError(f"train: the replica group failed (exit {code}); see the log above")
         return
     role = f"train-{os.environ['RANK']}" if "RANK" in os.environ else "train"  # a replica of a group: its rank
+    for stop in (signal.SIGTERM, signal.SIGINT):  # the MLflow run ends KILLED, not left RUNNING (SIGINT
+        signal.signal(stop, _interrupt)  # too: a shell's background job starts with it ignored)
     with announce(config.stack.state_dir, role):
         summary = run_training(
             schema,
@@ -327,6 +330,10 @@ def cmd_train(args: argparse.Namespace) -> None:
             idle_exit_s=args.idle_exit,
         )
     print(json_line(asdict(summary)))
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def cmd_serve(args: argparse.Namespace) -> None:

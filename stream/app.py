@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 from collections.abc import Awaitable
 from dataclasses import replace
 from pathlib import Path
@@ -172,6 +173,8 @@ def run_worker(kafka: KafkaSettings, settings: StreamSettings, loglevel: str = "
     if settings.metrics_port:
         start_http_server(settings.metrics_port, addr=settings.metrics_host)
     worker = faust.Worker(app, loglevel=loglevel, quiet=True)
+    if not sys.stdout.isatty():  # its start-up spinner writes cursor codes into a log file
+        worker.spinner = None
     worker.execute_from_commandline()
 
 

@@ -121,16 +121,6 @@ def _run(
     control = Control(world)
     trainer = Trainer(schema, settings)
     resumed, state, run_id = _resume(trainer, settings, rank)
-    publisher = None
-    if rank == 0:
-        params = {
-            **flat_fields(settings),
-            "schema_hash": schema.hash,
-            "max_events": max_events,
-            "workers": world,
-            "metrics_labels": METRICS_LABELS[settings.optim.delayed_feedback],
-        }
-        publisher = Publisher(mlflow, params=params, run_id=run_id)
     source = BatchSource(kafka, settings.group_id, schema.hash, rank, world, start_offsets=trainer.offsets)
     learn_log = LearnLog(settings.learn_log, rank)
     k = settings.group.merge_every_steps
@@ -145,6 +135,17 @@ def _run(
     batches = source.batches(settings.batch_size, idle_s=settings.idle_s)
     if trainer.prefetches:
         batches = one_ahead(batches, trainer)
+    # the MLflow run opens last, right before the loop that ends it (FINISHED, KILLED or FAILED)
+    publisher = None
+    if rank == 0:
+        params = {
+            **flat_fields(settings),
+            "schema_hash": schema.hash,
+            "max_events": max_events,
+            "workers": world,
+            "metrics_labels": METRICS_LABELS[settings.optim.delayed_feedback],
+        }
+        publisher = Publisher(mlflow, params=params, run_id=run_id)
     try:
         with bar:
             task = bar.add_task("train", info="waiting for batches")
@@ -187,6 +188,10 @@ def _run(
         merged = _report(trainer, control, publisher)
         if publisher is not None:
             publisher.finish()
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli: cmd_train): stopped by its operator
+        if publisher is not None:
+            publisher.finish("KILLED")
+        raise
     except BaseException:
         if publisher is not None:
             publisher.finish("FAILED")

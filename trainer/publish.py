@@ -73,8 +73,15 @@ class Publisher:
         self.run = self.client.create_run(experiment_id, run_name=run_name)
         self.run_id = self.run.info.run_id
         if params:
-            for key, value in params.items():
-                self.client.log_param(self.run_id, key, str(value)[:500])
+            from mlflow.entities import Param
+
+            try:  # one request per 100 settings; stopped meanwhile, the new run ends, never left RUNNING
+                every = [Param(k, str(v)[:500]) for k, v in params.items()]
+                for at in range(0, len(every), 100):  # MLflow takes at most 100 params a request
+                    self.client.log_batch(self.run_id, params=every[at : at + 100])
+            except BaseException as exc:
+                self.finish("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+                raise
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         import time

@@ -9,6 +9,7 @@ from dataclasses import replace
 import httpx
 import numpy as np
 import orjson
+import pytest
 
 from adstream.checks import with_changes
 from adstream.demo import wait_for_model
@@ -159,3 +160,28 @@ def test_an_avazu_csv_end_to_end_with_no_code_but_its_schema(isolated, tmp_path)
     events = [orjson.loads(r.value) for r in records if r.reason is None][:40]
     served = serve_and_compare(config, tmp_path, summary, events)
     assert 0.0 < served.min() and served.max() < 1.0
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_trainer_stopped_by_its_operator_ends_its_mlflow_run_killed(isolated, tmp_path, sig):
+    """#29 item 3: Ctrl-C left the run FAILED; SIGTERM (compose, systemd) left it RUNNING forever."""
+    import os
+    import signal
+    import time
+
+    from mlflow import MlflowClient
+
+    from tests.integration.helpers import start_cli
+
+    proc, log = start_cli(isolated, tmp_path, "train")
+    client = MlflowClient(isolated.mlflow.tracking_uri)
+    runs: list = []
+    deadline = time.monotonic() + 90
+    while not runs and time.monotonic() < deadline and proc.poll() is None:
+        experiment = client.get_experiment_by_name(isolated.mlflow.experiment)
+        runs = client.search_runs([experiment.experiment_id]) if experiment else []
+        time.sleep(0.5)
+    assert runs and runs[0].info.status == "RUNNING", log.read_text()[-2000:]
+    os.killpg(proc.pid, getattr(signal, sig))
+    proc.wait(60)
+    assert client.get_run(runs[0].info.run_id).info.status == "KILLED", log.read_text()[-2000:]

@@ -296,3 +296,4 @@ def test_a_featurizer_given_events_of_another_schema_says_so_once(isolated, tmp_
     text = log.read_text()
     assert text.count("every event so far was rejected under schema criteo") == 1, text[-3000:]
     assert "--set stream.schema=NAME" in text and "adstream dlq" in text
+    assert "\x1b[" not in text  # no terminal cursor codes in a log file (#29 item 3)
