@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import faust
-from prometheus_client import Counter, start_http_server
+from prometheus_client import Counter
 
 from stream.faust_hot_path import QuietMonitor
 from stream.featurize import featurize_isolating
 from stream.outputs import BATCHES, DLQ, Output, plan_outputs
+from stream.prometheus import serve_metrics
 from stream.records import RawRecord, Rejected
 from stream.retry import is_transient
 from stream.schema import Schema, load_schema
@@ -170,8 +171,7 @@ def run_worker(kafka: KafkaSettings, settings: StreamSettings, loglevel: str = "
     mode.loop.use("uvloop")
     ensure_topics(kafka)
     app = build_app(kafka, settings)
-    if settings.metrics_port:
-        start_http_server(settings.metrics_port, addr=settings.metrics_host)
+    serve_metrics(settings.metrics_port, settings.metrics_host, "stream.metrics_port")
     worker = faust.Worker(app, loglevel=loglevel, quiet=True)
     if not sys.stdout.isatty():  # its start-up spinner writes cursor codes into a log file
         worker.spinner = None

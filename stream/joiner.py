@@ -35,13 +35,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prometheus_client import Counter, Gauge, start_http_server
+from prometheus_client import Counter, Gauge
 
 from stream.clicks import click_record
 from stream.join import Cursor, Emission, JoinRules
 from stream.join_input import ClickFields, labelled, read_clicks, read_impressions
 from stream.join_state import PartitionState, PendingOutput, Progress
 from stream.outputs import RECORD_OVERHEAD, dead_letter
+from stream.prometheus import serve_metrics
 from stream.records import RawRecord, Rejected
 from stream.retry import is_transient
 from stream.schema import Schema, load_schema
@@ -370,8 +371,8 @@ def run_joiner(kafka: KafkaSettings, settings: StreamSettings, worker: int = 0, 
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     ensure_topics(kafka)
-    if settings.join.metrics_port:
-        start_http_server(settings.join.metrics_port + worker, addr=settings.metrics_host)
+    port = settings.join.metrics_port + worker if settings.join.metrics_port else 0
+    serve_metrics(port, settings.metrics_host, "stream.join.metrics_port")
     stopping = stop_requested()
     joiner = Joiner(kafka, settings, worker, workers)
     try:

@@ -57,7 +57,7 @@ class JoinSettings:
     chunk_wait_s: float = at_least(0.001, 0.1)  # longest a chunk waits to fill (the joiner's latency under low load)
     bundle_events: int = at_least(1, 1024)  # most labelled events per record written to the events topic
     app_id: str = "adstream-joiner"  # consumer group (committed offsets) and transactional id prefix
-    metrics_port: int = at_least(0, 0)  # Prometheus endpoint of the joiner (worker i: port + i); 0 = off
+    metrics_port: int = at_least(0, 9200)  # Prometheus endpoint of the joiner (worker i: port + i); 0 = off
     click_impression_id: str = "impression_id"  # field of a click naming its impression (the impression's event id)
     click_time: str = "ts"  # field of a click holding its time, ms since the epoch
 
@@ -83,7 +83,7 @@ class StreamSettings:
     take_records: int = at_least(1, 1024)  # Kafka records per agent iteration (lower it when records are large bundles)
     batch_within_s: float = at_least(0, 1.0)  # flush a partial batch after this many seconds
     app_id: str = "adstream-featurizer"  # Faust app id = Kafka consumer group
-    metrics_port: int = at_least(0, 0)  # Prometheus endpoint of the worker (worker i: port + i); 0 = off
+    metrics_port: int = at_least(0, 9300)  # Prometheus endpoint of the worker (worker i: port + i); 0 = off
     metrics_host: str = "127.0.0.1"  # interface it binds; "0.0.0.0" in a container, for the stack's network only
     workers: int = at_least(1, 1)  # Faust worker processes of the one app (they share the partitions)
     join: JoinSettings = field(default_factory=JoinSettings)  # the impression/click joiner ([stream.join])

@@ -82,3 +82,24 @@ def test_replay_of_a_log_under_the_wrong_schema_stops_naming_the_schema_that_rea
     assert "reads under schema 'criteo'" in message and "--set stream.schema=avazu" in message
     done, _ = _cli(*DOWN, "--set", "stream.schema=avazu", "replay", str(log))
     assert done.returncode == 2 and "kafka at 127.0.0.1:9" in done.stderr  # the right schema: on to the broker
+
+
+def test_metrics_endpoints_are_on_by_default_and_a_taken_port_is_said_not_fatal(caplog):
+    """#29 item 10: the trainer's and the featurizer's Prometheus endpoints were off by default."""
+    import socket
+    import urllib.request
+
+    from stream.prometheus import serve_metrics
+    from stream.settings import JoinSettings, StreamSettings
+    from trainer.settings import TrainerSettings
+
+    ports = {TrainerSettings().metrics_port, StreamSettings().metrics_port, JoinSettings().metrics_port}
+    assert len(ports) == 3 and 0 not in ports  # on, and apart
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert serve_metrics(port, "127.0.0.1", "trainer.metrics_port")
+    assert b"python_info" in urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    assert not serve_metrics(port, "127.0.0.1", "trainer.metrics_port")  # taken: said, not raised
+    assert f"port {port}" in caplog.text and "set trainer.metrics_port" in caplog.text
+    assert not serve_metrics(0, "127.0.0.1", "trainer.metrics_port")

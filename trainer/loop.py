@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from prometheus_client import Gauge, start_http_server
+from prometheus_client import Gauge
 
 from adstream.checks import flat_fields
+from stream.prometheus import serve_metrics
 from stream.schema import Schema
 from stream.settings import KafkaSettings
 from trainer.group import Control, in_group, local_gpu
@@ -252,8 +253,8 @@ def _prepare_process(settings: TrainerSettings, rank: int) -> None:
     """Metrics endpoint, NUMA pinning, and a clean RocksDB folder (the snapshot is the truth; rows
     on disk may be newer than it)."""
     check_writable(settings.snapshot.dir)
-    if settings.metrics_port:
-        start_http_server(settings.metrics_port + rank, addr=settings.metrics_host)
+    port = settings.metrics_port + rank if settings.metrics_port else 0
+    serve_metrics(port, settings.metrics_host, "trainer.metrics_port")
     if settings.device.startswith("cuda"):
         _pin_to_gpu_numa_node(settings.device)
     if settings.store.kind == "tiered":

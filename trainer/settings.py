@@ -155,7 +155,7 @@ class TrainerSettings:
     # (the default) = the joiner's stream.join.window_s + allowed_lateness_s, filled in by the config
     label_wait_s: float = at_least(0, 0.0)
     log_every_steps: int = at_least(1, 20)  # MLflow metrics every this many steps
-    metrics_port: int = at_least(0, 0)  # Prometheus endpoint; 0 = off
+    metrics_port: int = at_least(0, 9400)  # Prometheus endpoint (rank r: port + r); 0 = off
     metrics_host: str = "127.0.0.1"  # interface it binds; "0.0.0.0" in a container, for the stack's network only
     learn_log: str = ""  # folder for per-replica audit logs of the (partition, offset) records learned; "" = off
     # rows sharded over the ranks of a node (trainer/shard.py): each row stored and updated by one
