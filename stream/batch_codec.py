@@ -36,6 +36,7 @@ def encode_batch(batch: FeatureBatch) -> bytes:
         names.append(f"list{j}")
     meta = {
         b"schema_hash": batch.schema_hash.encode(),
+        b"schema_name": batch.schema_name.encode(),
         b"format": FORMAT_VERSION,
         b"dense_width": str(d).encode(),
         b"ids_width": str(f).encode(),
@@ -86,6 +87,7 @@ def decode_batch(data: bytes) -> FeatureBatch:
         partitions=table.column("partition").to_numpy().astype(np.int32, copy=False),
         offsets=table.column("offset").to_numpy().astype(np.int64, copy=False),
         schema_hash=meta[b"schema_hash"].decode(),
+        schema_name=meta.get(b"schema_name", b"").decode(),  # (batches written before it was carried: "")
         lists=tuple(_list(table.column(name)) for name in table.column_names if name.startswith("list")),
     )
 

@@ -404,5 +404,6 @@ def checked_features(
         partitions=partitions[ok].astype(np.int32),
         offsets=offsets[ok].astype(np.int64),
         schema_hash=schema.hash,
+        schema_name=schema.name,
         lists=tuple(take_rows(starts, ids, ok) for starts, ids in c.lists),
     )

@@ -160,6 +160,7 @@ def featurize(
         partitions=np.asarray(partitions if partitions is not None else [-1] * n, dtype=np.int32),
         offsets=np.asarray(offsets if offsets is not None else [-1] * n, dtype=np.int64),
         schema_hash=schema.hash,
+        schema_name=schema.name,
         lists=tuple(
             list_ids([e.lists[j] for e in events], schema.num_sparse + j, schema.categorical_encoding == "hex32")
             for j in range(len(schema.list_fields))
@@ -215,7 +216,9 @@ def featurize_records(records: Sequence[RawRecord], schema: Schema) -> tuple[Fea
         parts.insert(0, batch)
         rejected.extend(bad)
     if not parts:
-        return FeatureBatch.empty(schema.num_dense, schema.num_sparse, schema.hash, len(schema.list_fields)), rejected
+        return FeatureBatch.empty(
+            schema.num_dense, schema.num_sparse, schema.hash, len(schema.list_fields), schema.name
+        ), rejected
     return FeatureBatch.concat(parts), rejected
 
 

@@ -135,5 +135,7 @@ def featurize_json_events(
         batches.append(batch)
         rejected += bad
     if not batches:
-        return FeatureBatch.empty(schema.num_dense, schema.num_sparse, schema.hash, len(schema.list_fields)), []
+        return FeatureBatch.empty(
+            schema.num_dense, schema.num_sparse, schema.hash, len(schema.list_fields), schema.name
+        ), []
     return FeatureBatch.concat(batches), rejected

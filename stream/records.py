@@ -70,12 +70,15 @@ class FeatureBatch:
     offsets: np.ndarray
     schema_hash: str
     lists: tuple[tuple[np.ndarray, np.ndarray], ...] = ()
+    schema_name: str = ""  # the schema's name, so a reader of another schema can say which it was given
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
     @classmethod
-    def empty(cls, num_dense: int, num_sparse: int, schema_hash: str, num_lists: int = 0) -> FeatureBatch:
+    def empty(
+        cls, num_dense: int, num_sparse: int, schema_hash: str, num_lists: int = 0, schema_name: str = ""
+    ) -> FeatureBatch:
         """A batch of no events with the right column widths."""
         return cls(
             labels=np.zeros(0, np.float32),
@@ -87,6 +90,7 @@ class FeatureBatch:
             offsets=np.zeros(0, np.int64),
             schema_hash=schema_hash,
             lists=tuple((np.zeros(1, np.int64), np.zeros(0, np.int64)) for _ in range(num_lists)),
+            schema_name=schema_name,
         )
 
     @classmethod
@@ -108,6 +112,7 @@ class FeatureBatch:
             offsets=np.concatenate([p.offsets for p in parts]),
             schema_hash=parts[0].schema_hash,
             lists=tuple(concat_lists([p.lists[j] for p in parts]) for j in range(len(parts[0].lists))),
+            schema_name=parts[0].schema_name,
         )
 
     def slice(self, start: int, end: int) -> FeatureBatch:
@@ -122,6 +127,7 @@ class FeatureBatch:
             offsets=self.offsets[start:end],
             schema_hash=self.schema_hash,
             lists=tuple(slice_list(starts, ids, start, min(end, len(self))) for starts, ids in self.lists),
+            schema_name=self.schema_name,
         )
 
     def split(self, size: int) -> list[FeatureBatch]:

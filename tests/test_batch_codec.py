@@ -45,3 +45,32 @@ def test_a_schema_without_dense_fields_round_trips():
     assert back.dense.shape == (5, 0) and np.array_equal(back.ids, batch.ids)
     empty = decode_batch(encode_batch(no_dense.slice(0, 0)))
     assert empty.dense.shape == (0, 0) and empty.ids.shape == (0, batch.ids.shape[1])
+
+
+def test_a_batch_carries_its_schemas_name_so_a_trainer_of_another_can_say_which(schema):
+    """#29 item 1: batches carried the hash alone; a schema not bundled was '(not a bundled schema) <hash>'."""
+    from stream.decode import event_from_mapping
+    from stream.featurize import featurize
+    from stream.records import FeatureBatch
+    from stream.schema import schema_from_dict
+    from tests.helpers import criteo_event
+    from trainer.source import schema_label
+
+    batch = featurize([event_from_mapping(criteo_event(i), schema) for i in range(4)], schema)
+    back = decode_batch(encode_batch(batch))
+    assert back.schema_name == schema.name == "criteo" and back.slice(0, 2).schema_name == "criteo"
+    assert FeatureBatch.concat([back, back]).schema_name == "criteo"
+    assert decode_batch(encode_batch(random_feature_batch(3))).schema_name == ""  # written without one
+    mine = schema_from_dict(
+        {
+            "name": "mylog",
+            "label": "y",
+            "event_id": "id",
+            "timestamp": "t",
+            "categorical_encoding": "string",
+            "integer_fields": [],
+            "categorical_fields": ["a"],
+        }
+    )
+    assert schema_label(mine.hash, "mylog") == f"mylog ({mine.hash})"
+    assert schema_label(mine.hash) == f"(not a bundled schema) {mine.hash}"

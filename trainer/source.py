@@ -37,10 +37,13 @@ def _event_time(part: FeatureBatch | None) -> int:
     return int(part.ts.max()) if part is not None and len(part.ts) else -(1 << 62)
 
 
-def schema_label(schema_hash: str) -> str:
-    """A schema hash with its bundled schema's name when it has one: "avazu (315e9a39eaf96a1c)"."""
+def schema_label(schema_hash: str, name: str = "") -> str:
+    """A schema hash with its name: the one a batch carries, else its bundled schema's name:
+    "avazu (315e9a39eaf96a1c)"."""
     from stream.schema import SCHEMA_DIR, load_schema
 
+    if name:
+        return f"{name} ({schema_hash})"
     for path in sorted(SCHEMA_DIR.glob("*.toml")):
         if load_schema(path).hash == schema_hash:
             return f"{path.stem} ({schema_hash})"
@@ -105,11 +108,11 @@ class BatchSource:
         self.learned_parts = 0  # batches of this trainer's schema handed out
         self.foreign: dict[str, int] = {}  # schema hash -> batches of another schema skipped
 
-    def _foreign(self, schema_hash: str) -> None:
+    def _foreign(self, schema_hash: str, schema_name: str = "") -> None:
         """A batch of another schema: logged once per schema; when the first FOREIGN_STOP batches
         are all foreign (nothing learned yet), a wrong setting, not a migration: stop, naming both."""
         self.foreign[schema_hash] = self.foreign.get(schema_hash, 0) + 1
-        theirs, ours = schema_label(schema_hash), schema_label(self.schema_hash)
+        theirs, ours = schema_label(schema_hash, schema_name), schema_label(self.schema_hash)
         if self.foreign[schema_hash] == 1:
             log.error("skipping batches of schema %s: this trainer learns schema %s", theirs, ours)
         if self.learned_parts == 0 and sum(self.foreign.values()) >= FOREIGN_STOP:
@@ -202,7 +205,7 @@ class BatchSource:
                 log.error("skipping batch at %s:%s: %s", partition, offset, exc)
             if part is not None and part.schema_hash != self.schema_hash:
                 self.skipped += 1
-                self._foreign(part.schema_hash)
+                self._foreign(part.schema_hash, part.schema_name)
                 part = None
             if part is not None:
                 self.learned_parts += 1
