@@ -17,7 +17,7 @@ from typing import Any
 
 from serving.errors import ServingError
 from trainer.publish import DELTA_TAG
-from trainer.snapshot import MANIFEST, is_complete
+from trainer.snapshot import DELTAS, MANIFEST, delta_path, is_complete
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def list_deltas(tracking_uri: str, ref: VersionRef) -> list[int]:
     """Sequence numbers of the deltas uploaded (or being uploaded) after this version's base, sorted."""
     import mlflow
 
-    listing = mlflow.artifacts.list_artifacts(artifact_uri=f"{ref.source}/deltas", tracking_uri=tracking_uri)
+    listing = mlflow.artifacts.list_artifacts(artifact_uri=f"{ref.source}/{DELTAS}", tracking_uri=tracking_uri)
     names = [Path(info.path).name for info in listing if info.is_dir]
     return sorted(int(name) for name in names if name.isdigit())
 
@@ -90,10 +90,10 @@ def download_delta(tracking_uri: str, ref: VersionRef, sequence: int, cache_dir:
     manifest, uploaded last, is not there yet)."""
     import mlflow
 
-    target = Path(cache_dir) / ref.name / ref.version / "deltas" / f"{sequence:09d}"
+    target = Path(cache_dir) / ref.name / ref.version / delta_path(sequence)
     if is_complete(target):
         return target
-    uri = f"{ref.source}/deltas/{sequence:09d}"
+    uri = f"{ref.source}/{delta_path(sequence)}"
     # look before downloading: a folder caught between its creation and its first file lists empty,
     # and MLflow then takes it for a file and fails; with the manifest listed, every file is there
     listed = mlflow.artifacts.list_artifacts(artifact_uri=uri, tracking_uri=tracking_uri)

@@ -12,11 +12,11 @@ from adstream.stack import KAFKA_VERSION
 from stream.settings import KafkaSettings
 
 ROOT = Path(__file__).resolve().parent.parent
-FORBIDDEN = {
-    "stream": {"torch", "store", "trainer", "serving", "adstream"},
-    "store": {"stream", "trainer", "serving", "adstream"},
-    "trainer": {"serving", "adstream"},
-    "serving": {"adstream"},
+FORBIDDEN = {  # the core packages never import the benchmarks
+    "stream": {"torch", "store", "trainer", "serving", "adstream", "bench"},
+    "store": {"stream", "trainer", "serving", "adstream", "bench"},
+    "trainer": {"serving", "adstream", "bench"},
+    "serving": {"adstream", "bench"},
     "bench": {"adstream"},  # the benchmarks measure the packages (serving too), not the CLI that wires them
 }
 ALLOWED_EVERYWHERE = {"adstream.errors", "adstream.checks"}  # they import nothing of the project
@@ -51,6 +51,16 @@ def test_imports_go_one_way(package):
     roots = imported_roots(package)
     bad = {name: sorted(files) for name, files in roots.items() if name in FORBIDDEN[package]}
     assert not bad, f"{package} must not import {sorted(bad)}: {bad}"
+
+
+def test_every_integration_test_file_is_marked():
+    """`pytest -m "not integration"` runs without Kafka and MLflow only if every such file says so."""
+    unmarked = [
+        f.name
+        for f in sorted((ROOT / "tests" / "integration").glob("test_*.py"))
+        if "pytestmark = pytest.mark.integration" not in f.read_text()
+    ]
+    assert not unmarked, unmarked
 
 
 def test_the_rule_checker_sees_imports():

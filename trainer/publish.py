@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from trainer.errors import TrainerError
 from trainer.metrics import merged_metrics
 from trainer.settings import MlflowSettings
-from trainer.snapshot import MANIFEST, folder_bytes, prune_snapshots, snapshot_name
+from trainer.snapshot import MANIFEST, delta_path, folder_bytes, prune_snapshots, snapshot_name
 
 if TYPE_CHECKING:
     from trainer.group import Control
@@ -116,7 +116,7 @@ class Publisher:
         the base is forgotten, so the next publication is a base (serving never sees a gap)."""
         if self.base_path is None or sequence != self.sequence + 1:
             raise TrainerError(f"delta {sequence}: no base to apply it to, or not the next one after {self.sequence}")
-        target = f"{self.base_path}/deltas/{sequence:09d}"
+        target = f"{self.base_path}/{delta_path(sequence)}"
         try:
             files = sorted(f for f in folder.iterdir() if f.name != MANIFEST)
             for file in [*files, folder / MANIFEST]:

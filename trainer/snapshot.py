@@ -58,6 +58,14 @@ def snapshot_name(step: int) -> str:
     return f"{FOLDER_PREFIX}{step:09d}"
 
 
+DELTAS = "deltas"  # the folder of a base publication's deltas, beside its files
+
+
+def delta_path(sequence: int) -> str:
+    """Where delta `sequence` of a base lives, relative to the base: deltas/SSSSSSSSS (sorts by sequence)."""
+    return f"{DELTAS}/{sequence:09d}"
+
+
 def is_complete(path: str | Path) -> bool:
     """A snapshot folder is complete once its manifest exists (it is written last)."""
     return (Path(path) / MANIFEST).is_file()

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from adstream.demo import run_demo
 from tests.integration.helpers import free_port
+
+pytestmark = pytest.mark.integration
 
 
 def test_the_demo_gives_the_same_honest_answer_twice(isolated, tmp_path):

@@ -29,6 +29,8 @@ from trainer.metrics import auc_exact
 from trainer.snapshot import load_snapshot, read_manifest
 from trainer.step import predict
 
+pytestmark = pytest.mark.integration
+
 REPORT = ROOT / ".state" / "test-reports"
 
 

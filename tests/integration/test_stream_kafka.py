@@ -14,6 +14,8 @@ from stream.schema import load_schema
 from stream.topics import ensure_topics
 from tests.integration.helpers import drain, start_cli, stop_process
 
+pytestmark = pytest.mark.integration
+
 GOOD_LINE = "0\t1\t2\t\t4\t5\t6\t7\t8\t9\t10\t11\t12\t\t" + "\t".join(f"{i:08x}" for i in range(1, 26)) + "\t"
 
 
