@@ -18,12 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from store.hashing import GOLDEN
 from stream.featurize import missing_id
 from stream.records import FeatureBatch
 from trainer.batch import Batch
 from trainer.model import CtrModel, ModelConfig
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_GOLDEN = GOLDEN
 
 
 def hashed_rows(ids: np.ndarray, bits: int) -> torch.Tensor:

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from rich.progress import Progress
 
+from store.hashing import GOLDEN
 from store.hierarchy import HierarchyConfig, TieredStore
 from store.pipeline import RocksPipeline
 from store.ram import RamTier
@@ -38,7 +39,7 @@ ADAM = SparseOptimConfig("adam", lr=1e-3)  # the baseline's SparseAdam(lr=1e-3),
 DIM = 16
 FIELDS = 26
 RAW_ROW_BYTES = 3 * DIM * 4
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_GOLDEN = GOLDEN
 
 
 def zipf_batches(n_ids: int, batches: int, batch_events: int, seed: int = 0) -> list[np.ndarray]:

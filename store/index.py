@@ -14,8 +14,10 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from store.hashing import GOLDEN
+
 _EMPTY, _FULL = 0, 1
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_GOLDEN = GOLDEN  # the home slot: the top bits of id * GOLDEN (store/hashing.py)
 _MAX_LOAD = 0.6
 
 

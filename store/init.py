@@ -16,7 +16,9 @@ import numba
 import numpy as np
 import torch
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+from store.hashing import GOLDEN
+
+_GOLDEN = GOLDEN  # splitmix64's increment (store/hashing.py)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 

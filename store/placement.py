@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from store.errors import StoreError
+from store.hashing import GOLDEN
 from store.topology import Link, Topology
 
 
@@ -156,7 +157,7 @@ def make_plan(
 def shard_of(ids: np.ndarray, num_shards: int) -> np.ndarray:
     """Which shard (GPU) owns each feature id: a multiplicative hash, so field-structured ids spread evenly."""
     with np.errstate(over="ignore"):
-        mixed = ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        mixed = ids.astype(np.uint64) * GOLDEN  # bits 32..63 (store/hashing.py)
     return ((mixed >> np.uint64(32)) % np.uint64(num_shards)).astype(np.int64)
 
 
