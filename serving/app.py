@@ -365,8 +365,8 @@ def run_server(settings: ServingSettings, schema: Schema, tracking_uri: str, mod
 
     fetch = registry_fetch(tracking_uri, model_name, settings, schema)
     print(
-        f"serving: http://{settings.host}:{settings.port} (POST /predict, GET /model); model '{model_name}' "
-        f"alias '{settings.alias}' from {tracking_uri}; waiting for its first version",
+        f"serving: http://{settings.host}:{settings.port} (POST /predict, GET /schema, GET /model); "
+        f"model '{model_name}' alias '{settings.alias}' from {tracking_uri}; waiting for its first version",
         flush=True,
     )
     uvicorn.run(create_app(settings, schema, fetch), host=settings.host, port=settings.port, log_level="warning")
