@@ -305,10 +305,11 @@ def cmd_train(args: argparse.Namespace) -> None:
     if workers < 1:
         raise CliError(f"train --workers {workers}: use 1 or more replicas")
     schema = _schema(config)
-    if "WORLD_SIZE" not in os.environ:  # a replica of a group (restarted, maybe mid-outage) retries instead
+    replica = "WORLD_SIZE" in os.environ  # one of a group's replicas (ours or torchrun's)
+    if not replica:  # a replica (restarted, maybe mid-outage) retries instead
         check_kafka(config.kafka.bootstrap)  # both before an MLflow run is opened
         check_mlflow(config.mlflow.tracking_uri)
-    if workers > 1 and "WORLD_SIZE" not in os.environ:  # supervise N replicas (torchrun sets WORLD_SIZE itself)
+    if workers > 1 and not replica:  # supervise N replicas
         from trainer.group import supervise
 
         with announce(config.stack.state_dir, "train"):

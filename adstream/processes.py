@@ -26,15 +26,24 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
+def alive(pid: int) -> bool:
+    """Whether a process of this pid exists (and is ours to signal)."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
 def pid_alive(pid_file: Path) -> int | None:
+    """The pid a pid file names, when that process is alive."""
     if not pid_file.is_file():
         return None
     try:
         pid = int(pid_file.read_text().strip())
-        os.kill(pid, 0)
-    except (ValueError, ProcessLookupError, PermissionError):
+    except ValueError:
         return None
-    return pid
+    return pid if alive(pid) else None
 
 
 def spawn(cmd: list[str], log_file: Path, pid_file: Path, env: dict[str, str] | None = None) -> int:

@@ -8,7 +8,6 @@ when it ends; a file whose pid is gone (a SIGKILL) reads as "gone" and is cleare
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import sys
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+from adstream.processes import alive
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,6 @@ def announce(state_dir: str, command: str) -> Iterator[None]:
     path.write_bytes(
         orjson.dumps({"command": command, "pid": os.getpid(), "started_s": time.time(), "argv": sys.argv[1:]})
     )
-    atexit.register(path.unlink, missing_ok=True)  # also on sys.exit from inside the block
     try:
         yield
     finally:
@@ -59,21 +59,13 @@ def running(state_dir: str) -> list[RunningProcess]:
             info = orjson.loads(path.read_bytes())
         except (OSError, orjson.JSONDecodeError):
             continue
-        alive = _alive(int(info["pid"]))
-        if not alive:
+        running_now = alive(int(info["pid"]))
+        if not running_now:
             path.unlink(missing_ok=True)
-        out.append(RunningProcess(info["command"], int(info["pid"]), info["started_s"], tuple(info["argv"]), alive))
+        out.append(
+            RunningProcess(info["command"], int(info["pid"]), info["started_s"], tuple(info["argv"]), running_now)
+        )
     return sorted(out, key=lambda p: p.started_s)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def consumer_lags(bootstrap: str, groups: dict[str, list[str]], timeout_s: float = 5.0) -> dict[str, dict[str, Any]]:

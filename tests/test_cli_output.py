@@ -46,10 +46,19 @@ def test_with_nothing_running_every_command_says_which_service_in_one_line_withi
     """#29 item 2: train retried MLflow for 4 min 37 s of warnings; with only Kafka down it printed
     hundreds of librdkafka lines and left its MLflow run open. Each command now checks the services
     it needs once, Kafka before an MLflow run can open."""
+    import socket
+
+    listener = socket.socket()  # "Kafka up" for a TCP connect: a listening socket of this test's own
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    kafka_up = f"kafka.bootstrap=127.0.0.1:{listener.getsockname()[1]}"
     cases = [
         (["train", "--max-events", "10"], "kafka at 127.0.0.1:9"),
         (["--set", "kafka.bootstrap=127.0.0.1:9", "train"], "kafka at 127.0.0.1:9"),
-        (["--set", "mlflow.tracking_uri=http://127.0.0.1:9", "train"], "mlflow at http://127.0.0.1:9"),
+        (
+            ["--set", kafka_up, "--set", "mlflow.tracking_uri=http://127.0.0.1:9", "train"],
+            "mlflow at http://127.0.0.1:9",
+        ),
         (["replay", "--synthetic", "10"], "kafka at 127.0.0.1:9"),
         (["stream"], "kafka at 127.0.0.1:9"),
         (["join"], "kafka at 127.0.0.1:9"),
@@ -62,6 +71,7 @@ def test_with_nothing_running_every_command_says_which_service_in_one_line_withi
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2 and len(lines) == 1, (args, done.stderr[-2000:])
         assert service in lines[0] and "adstream up" in lines[0] and seconds < 15, (args, lines, seconds)
+    listener.close()
 
 
 def test_replay_looks_at_its_files_before_the_broker():
