@@ -30,6 +30,7 @@ import torch
 
 from stream.clicks import ClickDelays
 from stream.join import FIRST_EMISSIONS, Click, Cursor, Entry, Impression, JoinRules, put_into
+from stream.join_output import read_events
 from stream.records import FeatureBatch
 from stream.schema import Schema
 from trainer.batch import batch_from_features
@@ -160,12 +161,13 @@ def joiner_runs(
     """The Joiner in process on fresh topics: impressions/s bundled and single, and state bytes."""
     from stream.bundle import event_table
     from stream.clicks import interleave, split_clicks
-    from stream.joiner import Joiner
+    from stream.joiner import Joiner, collect_garbage_rarely
     from stream.replay import replay
     from stream.settings import JoinSettings
     from stream.synthetic import SyntheticConfig, SyntheticCriteo
     from stream.topics import ensure_topics
 
+    collect_garbage_rarely()  # as `adstream join`'s process does
     out = []
     # (bundle, format, window): the first two hold every impression pending to the end (the state
     # per pending impression); the third closes windows all along (close and forget: the full cost)
@@ -318,8 +320,7 @@ def _latencies(consumer: Any, done: Any, policy: str, out: list[tuple[int, float
         for message in consumer.consume(500, 0.05):
             if message.error() is None:
                 now = time.time() * 1000
-                for line in message.value().split(b"\n"):
-                    event = orjson.loads(line)
+                for event in read_events(message.value()):
                     if event["label"] == 0 or policy == "window":
                         out.append((event["label"], now - event["ts"]))
 
@@ -495,8 +496,7 @@ def kill_run(
         if got:
             quiet_since = time.monotonic()
         for message in got:
-            for line in message.value().split(b"\n"):
-                event = orjson.loads(line)
+            for event in read_events(message.value()):
                 if not str(event[schema.event_id]).startswith("sentinel-"):
                     seen[event[schema.event_id]] += 1
                     labels[event[schema.event_id]] = event[schema.label]

@@ -1,14 +1,16 @@
 """The joiner's two inputs, read into the join's records (stream/join.py). Pure.
 
-impressions topic record --read_impressions--> [Impression] + [Rejected]
+impressions topic record --read_impressions--> [Impression] + [Rejected] (+ the Arrow bundle they lie in)
 clicks topic record      --read_clicks-------> [Click] + [Rejected]
 
 An impression is an event as `adstream.events` carries it, without its label: one JSON object,
 JSON lines (a bundle), or an Arrow bundle. Its impression id is the schema's `event_id`, its time
 the schema's `timestamp`. The joiner checks only what the join needs (the id and the time, and that
 no label is set: a click sets it); the features are checked by the featurizer downstream, which
-dead-letters a bad one as it does today. An impression's payload is its JSON object, which the
-joiner emits with the label spliced in (`labelled`), so nothing but the label changes on the way.
+dead-letters a bad one as it does today. A JSON impression's payload is its JSON object, which the
+joiner emits with the label spliced in; an Arrow bundle's impression is a RowRef into the bundle,
+which the joiner stores once and emits rows of as Arrow (stream/join_output.py), so nothing but the
+label changes on the way, and a bundled impression is never turned into JSON.
 
 A click is a JSON object (or JSON lines) naming the impression (`ClickFields.impression_id`) and
 its time (`ClickFields.time`, ms); a click labels its impression 1 (the schema's `label`).
@@ -25,7 +27,7 @@ import pyarrow.compute as pc
 
 from stream import rules
 from stream.bundle import is_arrow_bundle
-from stream.join import Click, Impression
+from stream.join import Click, Impression, RowRef
 from stream.records import RawRecord, Rejected
 from stream.replay import json_lines
 from stream.schema import Schema
@@ -41,13 +43,9 @@ class ClickFields:
     time: str = "ts"  # click time, ms since the epoch
 
 
-def labelled(payload: bytes, label_field: str, label: int) -> bytes:
-    """An impression's JSON object with `"<label_field>": label` added before its closing brace."""
-    return b"%s,%s:%d}" % (payload[: payload.rindex(b"}")], orjson.dumps(label_field), label)
-
-
-def read_impressions(record: RawRecord, schema: Schema) -> tuple[list[Impression], list[Rejected]]:
-    """One impressions-topic record -> its impressions, in order, and a Rejected per bad one."""
+def read_impressions(record: RawRecord, schema: Schema) -> tuple[list[Impression], list[Rejected], pa.Table | None]:
+    """One impressions-topic record -> its impressions, in order, a Rejected per bad one, and for an
+    Arrow bundle the bundle itself (the good impressions' payloads are RowRefs into it; None for JSON)."""
     if is_arrow_bundle(record.value):
         return _arrow_impressions(record, schema)
     good, bad = [], []
@@ -64,7 +62,7 @@ def read_impressions(record: RawRecord, schema: Schema) -> tuple[list[Impression
             del obj[schema.label]
             payload = orjson.dumps(obj)
         good.append(Impression(str(obj[schema.event_id]), obj[schema.timestamp], payload))
-    return good, bad
+    return good, bad, None
 
 
 def read_clicks(record: RawRecord, fields: ClickFields) -> tuple[list[Click], list[Rejected]]:
@@ -113,20 +111,18 @@ def _impression_reason(obj: dict, schema: Schema) -> str | None:
     return rules.reason(schema.label, LABEL_SET) if obj.get(schema.label) is not None else None
 
 
-def _arrow_impressions(record: RawRecord, schema: Schema) -> tuple[list[Impression], list[Rejected]]:
+def _arrow_impressions(record: RawRecord, schema: Schema) -> tuple[list[Impression], list[Rejected], pa.Table | None]:
     """An Arrow bundle of impressions: its id and time columns checked a column at a time, each good
-    row's payload its JSON object (json_lines, built column-wise)."""
+    row's payload a RowRef(record.offset, row) into the bundle; a bad row's dead letter its JSON object."""
     try:
         table = pa.ipc.open_stream(pa.py_buffer(record.value)).read_all()
     except (pa.ArrowException, OSError, ValueError) as exc:
-        return [], [
-            Rejected(
-                record.partition, record.offset, record.value, f"record: not a readable Arrow bundle ({str(exc)[:200]})"
-            )
-        ]
+        reason = f"record: not a readable Arrow bundle ({str(exc)[:200]})"
+        return [], [Rejected(record.partition, record.offset, record.value, reason)], None
     whole = _arrow_table_reason(table, schema)
     if whole is not None:
-        return [], [Rejected(record.partition, record.offset, record.value, whole)]
+        return [], [Rejected(record.partition, record.offset, record.value, whole)], None
+    bundle = table
     ids = table.column(schema.event_id).combine_chunks().cast(pa.string())
     ts_col = table.column(schema.timestamp).combine_chunks()
     ts = pc.fill_null(ts_col, -1).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -147,16 +143,14 @@ def _arrow_impressions(record: RawRecord, schema: Schema) -> tuple[list[Impressi
     for mask, why in checks:
         for i in np.nonzero(mask)[0].tolist():
             reasons[i] = reasons[i] or why
-    lines = json_lines(table)
-    id_list, ts_list = ids.to_pylist(), ts.tolist()
-    good: list[Impression] = []
-    bad: list[Rejected] = []
-    for i, reason in enumerate(reasons):
-        if reason is None:
-            good.append(Impression(id_list[i], ts_list[i], lines[i]))
-        else:
-            bad.append(Rejected(record.partition, record.offset, lines[i], reason))
-    return good, bad  # (a good row's id is a non-empty string)
+    id_list, ts_list, offset = ids.to_pylist(), ts.tolist(), record.offset
+    good = [
+        Impression(id_list[i], ts_list[i], RowRef(offset, i)) for i, reason in enumerate(reasons) if reason is None
+    ]  # (a good row's id is a non-empty string)
+    bad_rows = [i for i, reason in enumerate(reasons) if reason is not None]
+    lines = json_lines(table.take(pa.array(bad_rows, pa.int64()))) if bad_rows else []
+    bad = [Rejected(record.partition, offset, line, str(reasons[i])) for i, line in zip(bad_rows, lines, strict=True)]
+    return good, bad, bundle if good else None
 
 
 def _arrow_table_reason(table: pa.Table, schema: Schema) -> str | None:

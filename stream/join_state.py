@@ -5,6 +5,8 @@ What one partition's database holds:
     b"m"                  -> Progress: the next offsets of the impressions and clicks partitions,
                              the newest impression time seen (the watermark's source), the chunk number
     b"p"                  -> the outputs of the last chunk (`encode_outputs`), written before they are sent
+    b"b" + offset, newest -> an Arrow bundle of impressions as read at that offset (its entries point at
+                             their rows: RowRef), kept while an emission may need one of its rows
 
 A chunk (the records of one poll) changes the entries in memory (`stage`), then `commit` writes
 every change, the new Progress and the chunk's outputs in one atomic write batch, and only then are
@@ -15,42 +17,59 @@ transaction, before it reads on (stream/joiner.py). Entries are forgotten when t
 the lateness allowance are over, so the database stays as large as the window, not the stream.
 
 Timers are not stored: an entry's `due` is in it, and `timers()` rebuilds the heap at start.
+
+An Arrow bundle of impressions is stored once, as it came (its entries hold a RowRef: 12 bytes, not
+the row), and the joiner emits Arrow bundles gathered from those rows, so a bundled impression is
+never turned into JSON. A bundle is dropped once the watermark passed `payload_needed_until` of its
+newest row (stream/join.py): no emission can need one of its rows then.
 """
 
 from __future__ import annotations
 
 import struct
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
+import pyarrow as pa
 
-from stream.join import Click, Entry, Impression
+from stream.join import Click, Entry, Impression, RowRef
 
 _HEAD = struct.Struct("<Bqq")  # flags, due, the impression's (or the early click's) time
-_HAS_IMPRESSION, _CLICKED, _EMITTED, _CLOSED, _EARLY_CLICK = 1, 2, 4, 8, 16
-ENTRY, PROGRESS, PENDING = b"e", b"m", b"p"
+_REF = struct.Struct("<qI")  # a RowRef: the bundle's offset, the row
+_BUNDLE_KEY = struct.Struct(">qq")  # offset, newest row time (big-endian: keys sort by offset)
+_HAS_IMPRESSION, _CLICKED, _EMITTED, _CLOSED, _EARLY_CLICK, _ROW_REF = 1, 2, 4, 8, 16, 32
+ENTRY, PROGRESS, PENDING, BUNDLE = b"e", b"m", b"p", b"b"
+CACHED_BUNDLES = 64  # Arrow bundles held decoded in memory per partition (the newest, mostly)
 
 
 def encode_entry(entry: Entry) -> bytes:
-    """An entry in 17 bytes plus its impression's payload (its id is the key)."""
+    """An entry in 17 bytes plus its impression's payload, or 29 with a RowRef (its id is the key)."""
+    imp = entry.impression
+    ref = imp is not None and isinstance(imp.payload, RowRef)
     flags = (
-        (_HAS_IMPRESSION if entry.impression is not None else 0)
+        (_HAS_IMPRESSION if imp is not None else 0)
         | (_CLICKED if entry.clicked else 0)
         | (_EMITTED if entry.emitted else 0)
         | (_CLOSED if entry.closed else 0)
         | (_EARLY_CLICK if entry.early_click is not None else 0)
+        | (_ROW_REF if ref else 0)
     )
-    if entry.impression is not None:
-        return _HEAD.pack(flags, entry.due, entry.impression.ts) + entry.impression.payload
+    if imp is not None:
+        head = _HEAD.pack(flags, entry.due, imp.ts)
+        if isinstance(imp.payload, RowRef):
+            return head + _REF.pack(imp.payload.offset, imp.payload.row)
+        return head + imp.payload
     assert entry.early_click is not None
     return _HEAD.pack(flags, entry.due, entry.early_click.ts)
 
 
 def decode_entry(key: str, value: bytes) -> Entry:
     flags, due, ts = _HEAD.unpack_from(value)
-    impression = Impression(key, ts, value[_HEAD.size :]) if flags & _HAS_IMPRESSION else None
+    payload: bytes | RowRef = RowRef(*_REF.unpack_from(value, _HEAD.size)) if flags & _ROW_REF else value[_HEAD.size :]
+    impression = Impression(key, ts, payload) if flags & _HAS_IMPRESSION else None
     early = Click(key, ts) if flags & _EARLY_CLICK else None
     return Entry(impression, bool(flags & _CLICKED), bool(flags & _EMITTED), bool(flags & _CLOSED), early, due)
 
@@ -113,6 +132,16 @@ class PartitionState:
         self._read: dict[str, bytes | None] = {}  # entries read ahead (`preload`) for this chunk
         raw = self.db.get(PROGRESS)
         self.progress = Progress(**orjson.loads(raw)) if raw is not None else Progress()
+        # the stored bundles' newest row times by offset, oldest first (keys only: no bundle is read)
+        self._bundles: dict[int, int] = {}
+        for key in self.db.keys(from_key=BUNDLE):
+            assert isinstance(key, bytes)  # raw mode
+            if not key.startswith(BUNDLE):
+                break
+            offset, newest = _BUNDLE_KEY.unpack_from(key, 1)
+            self._bundles[offset] = newest
+        self._new_bundles: dict[int, bytes] = {}  # stored with the next commit
+        self._tables: OrderedDict[int, pa.Table] = OrderedDict()  # decoded bundles, least recently used first
 
     def get(self, key: str) -> Entry | None:
         if key in self._staged:
@@ -126,13 +155,47 @@ class PartitionState:
         if wanted:
             self._read.update(zip(wanted, self.db.get([ENTRY + k.encode() for k in wanted]), strict=True))  # type: ignore[arg-type]
 
+    def put_bundle(self, offset: int, newest_ts: int, value: bytes, table: pa.Table) -> None:
+        """Keep an Arrow bundle of impressions (the record at `offset`, as read) for its RowRefs; it
+        is written with the next commit."""
+        self._bundles[offset] = newest_ts
+        self._new_bundles[offset] = value
+        self._cache(offset, table)
+
+    def bundle(self, offset: int) -> pa.Table:
+        """The stored bundle at `offset`, decoded (from memory when recently used)."""
+        table = self._tables.get(offset)
+        if table is not None:
+            self._tables.move_to_end(offset)
+            return table
+        value = self._new_bundles.get(offset)
+        if value is None:
+            value = self.db.get(BUNDLE + _BUNDLE_KEY.pack(offset, self._bundles[offset]))
+        table = pa.ipc.open_stream(pa.py_buffer(value)).read_all()
+        self._cache(offset, table)
+        return table
+
+    def _cache(self, offset: int, table: pa.Table) -> None:
+        self._tables[offset] = table
+        if len(self._tables) > CACHED_BUNDLES:
+            self._tables.popitem(last=False)
+
     def stage(self, key: str, entry: Entry | None) -> None:
         """Change an entry in memory; `commit` writes it."""
         self._staged[key] = entry
 
-    def commit(self, progress: Progress, outputs: list[PendingOutput]) -> None:
-        """Every staged change, the progress and the chunk's outputs, in one atomic write."""
+    def commit(self, progress: Progress, outputs: list[PendingOutput], bundles_before: int | None = None) -> None:
+        """Every staged change, the progress and the chunk's outputs, in one atomic write; and the
+        bundles whose newest row time is before `bundles_before` dropped (oldest first, stopping at
+        the first younger one: a bundle out of time order holds the ones after it a little longer)."""
         from rocksdict import WriteBatch
+
+        dropped = []
+        if bundles_before is not None:
+            for offset, newest in self._bundles.items():
+                if newest >= bundles_before:
+                    break
+                dropped.append(offset)
 
         batch = WriteBatch(raw_mode=True)
         for key, entry in self._staged.items():
@@ -140,11 +203,17 @@ class PartitionState:
                 batch.delete(ENTRY + key.encode())
             else:
                 batch.put(ENTRY + key.encode(), encode_entry(entry))
+        for offset, value in self._new_bundles.items():
+            batch.put(BUNDLE + _BUNDLE_KEY.pack(offset, self._bundles[offset]), value)
+        for offset in dropped:
+            batch.delete(BUNDLE + _BUNDLE_KEY.pack(offset, self._bundles.pop(offset)))
+            self._tables.pop(offset, None)
         batch.put(PROGRESS, orjson.dumps(vars(progress)))
         batch.put(PENDING, encode_outputs(outputs))
         self.db.write(batch)
         self._staged.clear()
         self._read.clear()
+        self._new_bundles.clear()
         self.progress = progress
 
     def pending_outputs(self) -> list[PendingOutput]:

@@ -4,6 +4,8 @@ for a click without an impression). Event time in ms: window 1000, lateness 100,
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,6 +19,7 @@ from stream.join import (
     LATE_POSITIVE,
     POSITIVE_COPY,
     Click,
+    Counts,
     Impression,
     JoinRules,
     join_all,
@@ -206,3 +209,9 @@ def test_the_short_path_for_new_impressions_equals_on_impression(arrivals, polic
     fast = join_all(arrivals, cfg(policy), flush=True)
     slow = join_all(arrivals, cfg(policy), flush=True, fast=False)
     assert fast == slow
+
+
+def test_counts_add_up_field_by_field():
+    names = [f.name for f in dataclasses.fields(Counts)]
+    one = Counts(**{name: i + 1 for i, name in enumerate(names)})
+    assert vars(one + one) == {name: 2 * (i + 1) for i, name in enumerate(names)}

@@ -7,11 +7,13 @@ from __future__ import annotations
 import numpy as np
 import orjson
 import pyarrow as pa
+import pytest
 
 from stream.bundle import encode_table, event_table
 from stream.clicks import ClickDelays, interleave, murmur2_partition, split_clicks
-from stream.join import Click, Entry, Impression
-from stream.join_input import ClickFields, labelled, read_clicks, read_impressions
+from stream.join import Click, Emission, Entry, Impression, RowRef
+from stream.join_input import ClickFields, read_clicks, read_impressions
+from stream.join_output import event_records, read_events
 from stream.join_state import PartitionState, PendingOutput, Progress, decode_entry, encode_entry
 from stream.records import RawRecord
 from tests.helpers import criteo_event
@@ -23,16 +25,21 @@ def impression(i: int, **changes: object) -> dict[str, object]:
     return event
 
 
-def test_impressions_json_lines_and_arrow_give_the_same_payloads_and_the_same_reasons(schema):
+def test_impressions_json_lines_and_arrow_give_the_same_events_and_the_same_reasons(schema):
     good = [impression(i) for i in range(3)]
     bad = [impression(9, event_id=""), impression(10, ts=-5), {**impression(11), "label": 1}]
     lines = b"\n".join(orjson.dumps(e) for e in [*good, *bad])
-    from_json, rejected_json = read_impressions(RawRecord(0, 7, lines), schema)
+    from_json, rejected_json, no_bundle = read_impressions(RawRecord(0, 7, lines), schema)
     table = event_table([{**e, "label": e.get("label")} for e in [*good, *bad]], schema)
-    from_arrow, rejected_arrow = read_impressions(RawRecord(0, 7, encode_table(table)), schema)
+    from_arrow, rejected_arrow, bundle = read_impressions(RawRecord(0, 7, encode_table(table)), schema)
+    assert no_bundle is None and bundle is not None
+    assert [i.payload for i in from_arrow] == [RowRef(7, 0), RowRef(7, 1), RowRef(7, 2)]  # rows, not copies
     for got in (from_json, from_arrow):
         assert [(i.impression_id, i.ts) for i in got] == [(str(e["event_id"]), e["ts"]) for e in good]
-        assert [orjson.loads(labelled(i.payload, "label", 1)) for i in got] == [{**e, "label": 1} for e in good]
+        emitted = [Emission(i.impression_id, i.ts, n % 2, "final", i.payload) for n, i in enumerate(got)]
+        records = event_records(emitted, "label", {7: bundle}.__getitem__, 1024, 1 << 20)
+        events = [e for _, value in records for e in read_events(value)]
+        assert events == [{**e, "label": n % 2} for n, e in enumerate(good)]
     reasons = [
         "event_id: must be a non-empty string or an integer",
         "ts: must be a non-negative integer (ms) below 2^62",
@@ -45,10 +52,11 @@ def test_impressions_json_lines_and_arrow_give_the_same_payloads_and_the_same_re
 
 def test_a_record_that_is_no_impression_at_all_is_one_reason(schema):
     for value, start in ((b"not json", "record: not JSON"), (b"[1, 2]", "record: not a JSON object")):
-        good, bad = read_impressions(RawRecord(1, 2, value), schema)
+        good, bad, _ = read_impressions(RawRecord(1, 2, value), schema)
         assert good == [] and len(bad) == 1 and bad[0].reason.startswith(start)
     table = pa.table({"ts": pa.array([1, 2])})
-    _, bad = read_impressions(RawRecord(1, 3, encode_table(table)), schema)
+    _, bad, bundle = read_impressions(RawRecord(1, 3, encode_table(table)), schema)
+    assert bundle is None  # nothing points into it: not stored
     assert [b.reason for b in bad] == ["event_id: missing field (no such column in the Arrow bundle)"]
 
 
@@ -69,12 +77,16 @@ def test_entries_round_trip_and_a_chunk_commit_survives_a_reopen(tmp_path):
         Entry(Impression("a", 10, b'{"x":1}'), clicked=True, emitted=True, closed=False, due=99),
         Entry(early_click=Click("b", 7), due=50),
         Entry(Impression("c", 3, b""), emitted=True, closed=True, due=1000),
+        Entry(Impression("d", 4, RowRef(12, 7)), emitted=True, due=64),
     ]
-    for key, entry in zip("abc", entries, strict=True):
+    for key, entry in zip("abcd", entries, strict=True):
         assert decode_entry(key, encode_entry(entry)) == entry
     state = PartitionState(tmp_path / "p0")
     state.stage("a", entries[0])
     state.stage("b", entries[1])
+    tables = {offset: pa.table({"ts": pa.array([offset, offset + 1])}) for offset in (12, 13, 14)}
+    for offset, table in tables.items():
+        state.put_bundle(offset, offset + 1, encode_table(table), table)
     outputs = [
         PendingOutput("events", b"a", b'{"x":1,"label":1}'),
         PendingOutput("dlq", b"", b"?", (("reason", b"r"),)),
@@ -88,6 +100,13 @@ def test_entries_round_trip_and_a_chunk_commit_survives_a_reopen(tmp_path):
     assert dict(reopened.entries()) == {"a": entries[0], "b": entries[1]}
     reopened.preload(["a", "zz"])
     assert reopened.get("a") == entries[0] and reopened.get("zz") is None
+    assert all(reopened.bundle(offset).equals(table) for offset, table in tables.items())  # read from disk
+    reopened.commit(Progress(6, 3, 10, 2), [], bundles_before=15)  # 12 and 13: every row older than 15
+    reopened.close()
+    again = PartitionState(tmp_path / "p0")
+    assert again.bundle(14).equals(tables[14])
+    with pytest.raises(KeyError):
+        again.bundle(13)
 
 
 def test_replay_clicks_splits_rows_into_impressions_and_later_clicks_each_in_its_partition(schema):
@@ -119,3 +138,26 @@ def test_murmur2_matches_kafkas_java_partitioner_on_known_keys():
     vectors = {b"21": -973932308, b"foobar": -790332482, b"a-little-bit-long-string": -985981536}
     for key, signed in vectors.items():
         assert murmur2_partition(key, 1 << 31) == (signed & 0x7FFFFFFF)
+
+
+def test_the_featurizer_reads_the_joiners_arrow_bundles_as_its_json_lines(schema):
+    """Downstream nothing changes with the impressions' format: the featurizer makes the same
+    features of the Arrow bundle the joiner emits as of the JSON lines it emits for the same events."""
+    from stream.featurize import featurize_records
+
+    events = [impression(i) for i in range(50)]
+    json_in, _, _ = read_impressions(RawRecord(0, 3, b"\n".join(orjson.dumps(e) for e in events)), schema)
+    table = event_table([{**e, "label": None} for e in events], schema)
+    arrow_in, _, bundle = read_impressions(RawRecord(0, 3, encode_table(table)), schema)
+    outputs = []
+    for got in (json_in, arrow_in):
+        emitted = [Emission(i.impression_id, i.ts, int(n % 3 == 0), "final", i.payload) for n, i in enumerate(got)]
+        records = event_records(emitted, schema.label, {3: bundle}.__getitem__, 1024, 1 << 20)
+        assert len(records) == 1
+        batch, rejected = featurize_records([RawRecord(0, 0, records[0][1])], schema)
+        assert rejected == []
+        outputs.append(batch)
+    from_json, from_arrow = outputs
+    assert from_arrow.labels.tolist() == from_json.labels.tolist() == [float(n % 3 == 0) for n in range(50)]
+    assert np.array_equal(from_arrow.ids, from_json.ids) and np.allclose(from_arrow.dense, from_json.dense)
+    assert from_arrow.event_ids == from_json.event_ids and np.array_equal(from_arrow.ts, from_json.ts)

@@ -13,11 +13,11 @@ import time
 from dataclasses import replace
 
 import numpy as np
-import orjson
 import pytest
 
-from stream.bundle import event_table
+from stream.bundle import event_table, is_arrow_bundle
 from stream.clicks import interleave, murmur2_partition, split_clicks
+from stream.join_output import read_events
 from stream.replay import ReplayRecord, replay
 from stream.settings import JoinSettings
 from stream.synthetic import SyntheticConfig, SyntheticCriteo
@@ -54,9 +54,12 @@ def _consume(bootstrap: str, topic: str, group: str, done, timeout_s: float) -> 
     return out
 
 
-@pytest.mark.parametrize("policy", ["window", "fake_negative"])
+@pytest.mark.parametrize(
+    "policy,bundle,fmt",
+    [("window", 1, "json"), ("fake_negative", 1, "json"), ("window", 40, "arrow"), ("fake_negative", 40, "arrow")],
+)
 def test_the_joiner_through_five_sigkills_emits_every_impression_once_with_its_true_label(
-    isolated, tmp_path, schema, policy
+    isolated, tmp_path, schema, policy, bundle, fmt
 ):
     join = JoinSettings(
         policy=policy,
@@ -90,7 +93,7 @@ def test_the_joiner_through_five_sigkills_emits_every_impression_once_with_its_t
     ]
     tail = split_clicks(event_table(list(sentinels.values()), schema), schema, np.random.default_rng(0))
     records = [
-        *interleave([split], schema, kafka.impressions_topic, kafka.clicks_topic, 2, bundle=1),
+        *interleave([split], schema, kafka.impressions_topic, kafka.clicks_topic, 2, bundle=bundle, fmt=fmt),
         *bad,
         *interleave(
             [replace(tail, click_ids=[], click_ts=np.zeros(0, np.int64))],
@@ -114,17 +117,20 @@ def test_the_joiner_through_five_sigkills_emits_every_impression_once_with_its_t
         # fake_negative emits the sentinels too (at once, as negatives)
         expected = len(events) + (len(in_window) + len(sentinels) if policy == "fake_negative" else 0)
 
-        def lines(records: list) -> list[bytes]:
-            return [line for r in records for line in r.value().split(b"\n")]
+        def events(records: list) -> list[dict]:
+            return [event for r in records for event in read_events(r.value())]
 
-        _consume(kafka.bootstrap, kafka.events_topic, "check", lambda r: len(lines(r)) >= expected, 240)
+        _consume(kafka.bootstrap, kafka.events_topic, "check", lambda r: len(events(r)) >= expected, 240)
         time.sleep(3)  # anything emitted twice would be there now: read it all again
         out = _consume(kafka.bootstrap, kafka.events_topic, "check-all", lambda r: False, 8)
         letters = _consume(kafka.bootstrap, kafka.dlq_topic, "check-dlq", lambda r: len(r) >= len(bad), 30)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    emitted = [e for e in map(orjson.loads, lines(out)) if not e["event_id"].startswith("sentinel-")]
+    if fmt == "arrow":  # bundled impressions come out as Arrow bundles, never as JSON (the sentinels are JSON)
+        theirs = [r for r in out if not all(e["event_id"].startswith("sentinel-") for e in read_events(r.value()))]
+        assert theirs and all(is_arrow_bundle(r.value()) for r in theirs)
+    emitted = [e for e in events(out) if not e["event_id"].startswith("sentinel-")]
     first = collections.Counter(e["event_id"] for e in emitted if e["label"] == 0 or policy == "window")
     positives = collections.Counter(e["event_id"] for e in emitted if e["label"] == 1)
     assert set(first) == set(imp_ts), "every impression emitted, nothing else"
