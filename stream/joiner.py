@@ -76,7 +76,8 @@ class _Partition:
     clicks_offset: int
     touched: bool = False  # read from in this chunk
     newest_click: int = -(1 << 62)  # newest click time read (since start)
-    paused: bool = False  # the impressions partition is paused: it ran ahead of the clicks (Joiner._align)
+    # the input partitions paused because they ran ahead of the other in event time (Joiner._align)
+    paused: dict[str, bool] = field(default_factory=lambda: {"impressions": False})
     outputs: list[PendingOutput] = field(default_factory=list)
 
 
@@ -175,13 +176,11 @@ class Joiner:
         messages = self.consumer.consume(self.join.take_records, wait)
         messages = [m for m in messages if m.error() is None or _log_error(m)]
         for part in self.parts.values():
-            part.touched = part.touched or part.paused  # a paused partition may resume: look at it again
+            part.touched = part.touched or any(part.paused.values())  # a paused input may resume: look again
         if not messages and not any(part.touched for part in self.parts.values()):
             return 0
         imp = self.kafka.impressions_topic
-        # a chunk's impressions first, so its clicks find them (a click before its impression waits as
-        # an early click, the slow path); no window closes early: the watermark waits for the clicks
-        messages.sort(key=lambda m: m.topic() != imp)
+        messages.sort(key=lambda m: m.topic() == imp)  # a chunk's clicks first: fewer wait as early clicks
         clicked: set[int] = set()  # partitions whose clicks moved: their frontier moves before their impressions
         for message in messages:
             p, offset, topic = int(message.partition() or 0), int(message.offset() or 0), str(message.topic())
@@ -222,35 +221,51 @@ class Joiner:
     def _move_frontier(self, p: int, part: _Partition) -> None:
         """Let the watermark pass the clicks read so far, or go free once every click is read (the
         partition's high offset, as of the last fetch, reached); then run the timers it passed."""
-        from confluent_kafka import TopicPartition
-
-        _, high = self.consumer.get_watermark_offsets(TopicPartition(self.kafka.clicks_topic, p), cached=True)
-        caught_up = high is not None and high >= 0 and part.clicks_offset >= high
+        caught_up = self._caught_up(self.kafka.clicks_topic, p, part.clicks_offset)
         part.cursor.clicks_frontier = None if caught_up else part.newest_click
         part.cursor.fire(part.cursor.watermark)
 
     def _align(self, p: int, part: _Partition) -> None:
-        """Read the two inputs in step, in event time: while the clicks partition is behind (unread
-        clicks) and the impressions are more than the lateness allowance ahead of its newest click,
-        pause the impressions partition; resume it once the clicks caught up. So the joiner's output
+        """Read the two inputs in step, in event time: while the clicks partition has unread clicks
+        and the impressions are more than the lateness allowance ahead of its newest click, pause
+        the impressions partition; resume it once the clicks caught up. So the joiner's output
         follows event time (a fake negative and its positive copy come about a click delay apart, as
-        live), and the state does not grow with how far one input ran ahead of the other."""
+        live), and the state does not grow with how far the impressions ran ahead. (Clicks that ran
+        ahead of their impressions are held as early clicks instead: pausing the clicks too, whose
+        fetches reach much further in time than the impression bundles', costs more in refetches
+        than the early clicks' slow path.)"""
+        cursor = part.cursor
+        ahead = (
+            cursor.clicks_frontier is not None
+            and cursor.newest is not None
+            and cursor.newest > part.newest_click + self.rules.allowed_lateness_ms
+        )
+        self._pause(p, part, "impressions", ahead, part.impressions_offset)
+
+    def _caught_up(self, topic: str, p: int, offset: int) -> bool:
+        """Whether the partition's next offset to read (-1: none read yet) reached its end, as of the
+        last fetch (an empty partition is caught up from the start)."""
         from confluent_kafka import TopicPartition
 
-        ahead = (
-            part.cursor.clicks_frontier is not None
-            and part.cursor.newest is not None
-            and part.cursor.newest > part.newest_click + self.rules.allowed_lateness_ms
-        )
-        if ahead != part.paused:
-            tp = [TopicPartition(self.kafka.impressions_topic, p, part.impressions_offset)]
-            if ahead:
-                self.consumer.pause(tp)
-            else:
-                self.consumer.resume(tp)
-                if part.impressions_offset >= 0:
-                    self.consumer.seek(tp[0])  # from the next impression not yet read
-            part.paused = ahead
+        low, high = self.consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)
+        if high is None or high < 0:
+            return False  # not fetched yet
+        return (offset if offset >= 0 else max(low or 0, 0)) >= high
+
+    def _pause(self, p: int, part: _Partition, which: str, pause: bool, offset: int) -> None:
+        from confluent_kafka import TopicPartition
+
+        if pause == part.paused[which]:
+            return
+        topic = self.kafka.impressions_topic if which == "impressions" else self.kafka.clicks_topic
+        tp = [TopicPartition(topic, p, offset)]
+        if pause:
+            self.consumer.pause(tp)
+        else:
+            self.consumer.resume(tp)
+            if offset >= 0:
+                self.consumer.seek(tp[0])  # from the next record not yet read
+        part.paused[which] = pause
 
     def _close_chunk(self, p: int, part: _Partition) -> None:
         self._move_frontier(p, part)

@@ -166,3 +166,38 @@ def test_our_partitions_are_librdkafkas_murmur2(isolated):
         )
     producer.flush(30)
     assert placed == {k: murmur2_partition(k, 2) for k in keys}
+
+
+def test_with_no_click_at_all_every_window_closes_as_a_negative(isolated, tmp_path, schema):
+    """An empty clicks partition holds no window open: the joiner is caught up with it from the start
+    (its next offset is 'none read yet', not a number to compare with the end)."""
+    join = JoinSettings(
+        window_s=1, allowed_lateness_s=0, state_dir=str(tmp_path / "join"), app_id=f"{isolated.stream.app_id}-j"
+    )
+    config = replace(isolated, stream=replace(isolated.stream, join=join))
+    kafka = config.kafka
+    ensure_topics(kafka)
+    events, _ = SyntheticCriteo(schema, SyntheticConfig(seed=5)).generate(200)
+    split = split_clicks(event_table(events, schema), schema, np.random.default_rng(0), event_rate=10)
+    split = replace(split, click_ids=[], click_ts=np.zeros(0, np.int64))  # no click at all
+    replay(list(interleave([split], schema, kafka.impressions_topic, kafka.clicks_topic, 2, 20, "arrow")), kafka)
+    ids, ts = split.impressions.column("event_id").to_pylist(), split.impressions.column("ts").to_pylist()
+    newest = collections.defaultdict(int)
+    for key, t in zip(ids, ts, strict=True):
+        newest[murmur2_partition(key.encode(), 2)] = max(newest[murmur2_partition(key.encode(), 2)], t)
+    closed = {k for k, t in zip(ids, ts, strict=True) if t + 1000 <= newest[murmur2_partition(k.encode(), 2)]}
+    proc, log = start_cli(config, tmp_path, "join")
+    try:
+        done = lambda records: sum(len(read_events(r.value())) for r in records) >= len(closed)  # noqa: E731
+        _consume(kafka.bootstrap, kafka.events_topic, "check", done, 120)
+        time.sleep(2)
+        out = [
+            e
+            for r in _consume(kafka.bootstrap, kafka.events_topic, "all", lambda r: False, 5)
+            for e in read_events(r.value())
+        ]
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert sorted(e["event_id"] for e in out) == sorted(closed), log.read_text()[-2000:]
+    assert {e["label"] for e in out} == {0}
