@@ -78,7 +78,11 @@ def _arrow_records(
         table = bundle_of(offset)
         if label_field in table.column_names:
             table = table.drop_columns([label_field])
-        tables.append(table.take(pa.array([e.payload.row for e in group], pa.int64())))  # type: ignore[union-attr]
+        rows = [e.payload.row for e in group]  # type: ignore[union-attr]
+        if rows == list(range(rows[0], rows[0] + len(rows))):  # a run (a bundle emitted at once, or closing)
+            tables.append(table.slice(rows[0], len(rows)))  # no copy
+        else:
+            tables.append(table.take(pa.array(rows, pa.int64())))
         labels += [e.label for e in group]
         ids += [e.impression_id for e in group]
     whole = pa.concat_tables(tables, promote_options="permissive").combine_chunks()

@@ -116,7 +116,6 @@ class Joiner:
         )
         self.partitions = self._my_partitions(worker, workers)
         self.parts: dict[int, _Partition] = {}
-        self.impressions_read = 0  # since start (good ones: what the join took in)
 
     def _my_partitions(self, worker: int, workers: int) -> list[int]:
         from stream.errors import StreamError
@@ -194,7 +193,6 @@ class Joiner:
             if topic == imp:
                 impressions, bad, bundle = read_impressions(record, self.schema)
                 IMPRESSIONS.inc(len(impressions))
-                self.impressions_read += len(impressions)
                 if bundle is not None:  # stored once; its impressions point at their rows
                     part.state.put_bundle(offset, max(i.ts for i in impressions), record.value, bundle)
                 if len(impressions) > 1:

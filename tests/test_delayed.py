@@ -20,7 +20,14 @@ def test_fnw_equals_a_hand_computation():
     expected = -(
         (1 + p[0]) * math.log(p[0]) + (1 - p[1]) * (1 + p[1]) * math.log(1 - p[1]) + (1 + p[2]) * math.log(p[2])
     )
-    assert math.isclose(float(fn_weighted_logloss(logits, labels)), expected / 3, rel_tol=1e-6)
+    # per impression: one label-0 event (a first emission) in the batch, two positive copies
+    assert math.isclose(float(fn_weighted_logloss(logits, labels)), expected / 1, rel_tol=1e-6)
+    two = torch.tensor([1.0, 0.0, 0.0])
+    assert math.isclose(
+        float(fn_weighted_logloss(logits, two)),
+        -((1 + p[0]) * math.log(p[0]) + sum((1 - q) * (1 + q) * math.log(1 - q) for q in p[1:])) / 2,
+        rel_tol=1e-6,
+    )
     torch.testing.assert_close(fn_weights(logits, labels), torch.tensor([1 + p[0], (1 - p[1]) * (1 + p[1]), 1 + p[2]]))
 
 
@@ -30,7 +37,7 @@ def test_fnw_weights_are_constants_for_the_gradient():
     fn_weighted_logloss(logits, labels).backward()
     p = torch.sigmoid(logits.detach())
     weights = fn_weights(logits, labels)
-    torch.testing.assert_close(logits.grad, weights * (p - labels) / 2)  # d/dz of w * BCE with w held
+    torch.testing.assert_close(logits.grad, weights * (p - labels) / 1)  # d/dz of w * BCE with w held; 1 impression
 
 
 def test_under_fake_negative_labels_fnw_expects_the_true_logloss_and_fnc_recovers_p():

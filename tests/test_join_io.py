@@ -40,6 +40,12 @@ def test_impressions_json_lines_and_arrow_give_the_same_events_and_the_same_reas
         records = event_records(emitted, "label", {7: bundle}.__getitem__, 1024, 1 << 20)
         events = [e for _, value in records for e in read_events(value)]
         assert events == [{**e, "label": n % 2} for n, e in enumerate(good)]
+        scattered = [emitted[2], emitted[0]]  # not a run of rows: taken, in the order emitted
+        records = event_records(scattered, "label", {7: bundle}.__getitem__, 1024, 1 << 20)
+        assert [e for _, value in records for e in read_events(value)] == [
+            {**good[2], "label": 0},
+            {**good[0], "label": 0},
+        ]
     reasons = [
         "event_id: must be a non-empty string or an integer",
         "ts: must be a non-negative integer (ms) below 2^62",
@@ -161,3 +167,24 @@ def test_the_featurizer_reads_the_joiners_arrow_bundles_as_its_json_lines(schema
     assert from_arrow.labels.tolist() == from_json.labels.tolist() == [float(n % 3 == 0) for n in range(50)]
     assert np.array_equal(from_arrow.ids, from_json.ids) and np.allclose(from_arrow.dense, from_json.dense)
     assert from_arrow.event_ids == from_json.event_ids and np.array_equal(from_arrow.ts, from_json.ts)
+
+
+def test_a_one_click_record_reads_as_the_same_click_inside_json_lines():
+    """The short path for the usual record (one good click) equals the long one, good or bad."""
+    fields = ClickFields()
+    values = [
+        b'{"impression_id": "a", "ts": 5}',
+        b'{"impression_id": 12, "ts": 5}',
+        b'{"impression_id": "a", "ts": true}',
+        b'{"impression_id": "a", "ts": -1}',
+        b'{"impression_id": "' + b"x" * 300 + b'", "ts": 5}',
+        b'{"impression_id": ""}',
+        b'{"ts": 5}',
+        b"[1]",
+        b"nope",
+    ]
+    for value in values:
+        alone_good, alone_bad = read_clicks(RawRecord(0, 1, value), fields)
+        twice_good, twice_bad = read_clicks(RawRecord(0, 1, value + b"\n" + value), fields)
+        assert twice_good == alone_good * 2, value
+        assert [b.reason for b in twice_bad] == [b.reason for b in alone_bad] * 2, value
