@@ -3,6 +3,7 @@ FROM python:3.11-slim
 WORKDIR /app
 COPY requirements.lock pyproject.toml README.md ./
 RUN pip install --no-cache-dir -r requirements.lock
+COPY common common
 COPY stream stream
 COPY store store
 COPY trainer trainer

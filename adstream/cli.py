@@ -24,7 +24,7 @@ from adstream.commands import (
     cmd_train,
     cmd_up,
 )
-from adstream.errors import AdstreamError
+from common.errors import AdstreamError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         args.func(args)
-    except AdstreamError as exc:  # every package's errors derive from it (adstream/errors.py)
+    except AdstreamError as exc:  # every package's errors derive from it (common/errors.py)
         print(f"adstream {args.command}: {exc}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

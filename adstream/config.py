@@ -87,7 +87,7 @@ def _build(cls: type, values: dict[str, Any], where: str) -> Any:
             changes[key] = _build(type(default), value, f"{where}.{key}")
         else:
             changes[key] = _coerce(where, key, value, default)
-    return replace(defaults, **changes)  # the dataclass checks its own values (adstream/checks.py)
+    return replace(defaults, **changes)  # the dataclass checks its own values (common/checks.py)
 
 
 def build_config(sections: dict[str, dict[str, Any]]) -> Config:

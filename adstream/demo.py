@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 
 from adstream import stack
-from adstream.checks import with_changes
 from adstream.config import Config
 from adstream.errors import CliError
 from adstream.processes import cli_process, stop_process, write_toml
+from common.checks import with_changes
 from stream.bundle import event_table
 from stream.clicks import ClickDelays, interleave, split_clicks
 from stream.replay import replay

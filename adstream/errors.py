@@ -1,14 +1,7 @@
-"""The project's one error root, and the base of adstream/'s own errors.
+"""adstream/'s own error: the CLI, the config file, the local stack, the demo (the root of every
+package's errors, AdstreamError, is common/errors.py)."""
 
-Every package has one base class under AdstreamError (stream.errors.StreamError,
-store.errors.StoreError, trainer.errors.TrainerError, serving.errors.ServingError, CliError
-here), so the CLI catches one type. This module imports nothing: it is the one part of adstream/
-the other packages may import (tests/test_layout.py).
-"""
-
-
-class AdstreamError(Exception):
-    """Root of every error adstream raises on purpose: names the place, the value and the fix."""
+from common.errors import AdstreamError
 
 
 class CliError(AdstreamError):

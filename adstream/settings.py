@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from adstream.checks import at_least, check_fields
 from adstream.errors import CliError
+from common.checks import at_least, check_fields
 
 
 @dataclass(frozen=True)

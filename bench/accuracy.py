@@ -25,10 +25,10 @@ import numpy as np
 import torch
 from rich.progress import Progress
 
-from adstream.checks import flat_fields, with_changes
 from bench.baseline import BaselineDeepFM, baseline_config, online_lr
 from bench.pipeline import criteo_files
-from stream.featurize import featurize_records
+from common.checks import flat_fields, with_changes
+from stream.ingest import featurize_records
 from stream.records import FeatureBatch, RawRecord
 from stream.replay import log_records, synthetic_records
 from stream.schema import Schema

@@ -29,9 +29,9 @@ import numpy as np
 import torch
 from rich.progress import Progress
 
-from adstream.checks import with_changes
 from bench.pipeline import REAL_BATCH, criteo_files
-from stream.featurize import featurize_records
+from common.checks import with_changes
+from stream.ingest import featurize_records
 from stream.records import FeatureBatch, RawRecord
 from stream.replay import ReplayRecord, log_records, synthetic_records
 from stream.schema import load_schema

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from bench.baseline import BaselineDeepFM, baseline_config, online_lr
-from stream.featurize import featurize_records
+from stream.ingest import featurize_records
 from stream.records import FeatureBatch, RawRecord
 from stream.replay import log_records, replay, synthetic_records
 from stream.schema import Schema, load_schema

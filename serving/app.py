@@ -123,9 +123,7 @@ def registry_fetch(tracking_uri: str, model_name: str, settings: ServingSettings
         """Keep the newest two versions on disk (requests may still run on the previous one)."""
         while len(loaded) > 2:
             old = loaded.pop(0)
-            close = getattr(old.table.tier, "close", None)
-            if close is not None:
-                close()
+            old.table.tier.close()
             shutil.rmtree(Path(settings.cache_dir) / model_name / old.version, ignore_errors=True)
 
     def fetch(current: ServedModel | None) -> ServedModel | None:

@@ -1,6 +1,6 @@
 """The one error base class of serving/."""
 
-from adstream.errors import AdstreamError
+from common.errors import AdstreamError
 
 
 class ServingError(AdstreamError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from adstream.checks import at_least, check_fields, one_of
+from common.checks import at_least, check_fields, one_of
 from serving.errors import ServingError
 
 

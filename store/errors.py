@@ -1,6 +1,6 @@
 """The one error base class of store/."""
 
-from adstream.errors import AdstreamError
+from common.errors import AdstreamError
 
 
 class StoreError(AdstreamError):

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from store.errors import StoreError
+from store.tier import Tier
 
 OVERLAY_SHARE = 0.25  # merge the overlay into the base once it holds this share of the base's rows
 
@@ -41,7 +42,7 @@ class _Arrays(NamedTuple):
     extra_rows: torch.Tensor  # float32 (m, width)
 
 
-class FrozenTier:
+class FrozenTier(Tier):
     def __init__(self, ids: np.ndarray, rows: torch.Tensor, where: str = "FrozenTier") -> None:
         """ids int64 (n,) sorted and unique; rows float32 (n, width)."""
         ids = np.asarray(ids, dtype=np.int64)

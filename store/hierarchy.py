@@ -30,11 +30,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from adstream.checks import at_least, check_fields, one_of
+from common.checks import at_least, check_fields, one_of
 from store.errors import StoreError
 from store.pipeline import RocksPipeline
 from store.ram import RamTier
 from store.rocks import TABLE_FORMATS, RocksTier
+from store.tier import Tier
 
 CHECKPOINT_MANIFEST = "manifest.json"  # written last: a checkpoint folder without it is incomplete
 
@@ -60,7 +61,7 @@ class HierarchyConfig:
         check_fields(self, "HierarchyConfig", StoreError)
 
 
-class TieredStore:
+class TieredStore(Tier):
     def __init__(self, width: int, config: HierarchyConfig) -> None:
         self.width = width
         self.config = config

@@ -15,12 +15,13 @@ import torch
 
 from store.errors import StoreError
 from store.index import IdIndex
+from store.tier import Tier
 
 _ID_OVERHEAD_BYTES = 22  # the index's key, slot and state at its usual load, counted against the budget
 _NO_ID = np.iinfo(np.int64).min
 
 
-class RamTier:
+class RamTier(Tier):
     def __init__(
         self,
         width: int,

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from store.errors import StoreError
+from store.tier import Tier
 
 _META_BYTES = 16
 TABLE_FORMATS = ("plain", "block")  # RocksDB table file formats (see RocksTier.__init__)
@@ -25,7 +26,7 @@ def _keys(ids: np.ndarray) -> list[bytes]:
     return ids.astype(">i8").view("V8").tolist()  # type: ignore[no-any-return]
 
 
-class RocksTier:
+class RocksTier(Tier):
     def __init__(
         self,
         path: str | Path,

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from adstream.checks import check_fields, one_of
+from common.checks import check_fields, one_of
 from store.errors import StoreError
 
 SPARSE_OPTIMIZERS = ("ftrl", "adagrad", "adam", "sgd")

@@ -148,7 +148,7 @@ class EmbeddingTable:
             flat = self._next_ids.reshape(-1)
             unique, inverse = np.unique(flat, return_inverse=True)
             self._announced = (flat, unique, inverse.reshape(-1))
-            self.tier.prefetch(unique)  # type: ignore[attr-defined]
+            self.tier.prefetch(unique)
             self._next_ids = None
         return found
 
@@ -235,7 +235,7 @@ class EmbeddingTable:
     @property
     def prefetches(self) -> bool:
         """Whether `prefetch` does anything: the tier reads ahead (a pipelined hierarchy)."""
-        return bool(getattr(self.tier, "prefetches", False))
+        return self.tier.prefetches
 
     def prefetch(self, ids: np.ndarray) -> None:
         """ids of the batch after the next lookup's (any shape): the tier starts reading their rows
@@ -282,9 +282,7 @@ class EmbeddingTable:
         """Unique ids (sorted) of every row changed here since the last call, by a step, a merge or
         TTL expiry: what a published delta must carry (an id the table no longer holds is a
         removal). Resets the record."""
-        take_expired = getattr(self.tier, "take_expired", None)
-        if take_expired is not None:
-            self._changed.append(take_expired())
+        self._changed.append(self.tier.take_expired())
         changed = np.unique(np.concatenate(self._changed)) if self._changed else np.zeros(0, dtype=np.int64)
         self._changed = []
         return changed
@@ -329,8 +327,7 @@ class EmbeddingTable:
     def expire_cold(self) -> int:
         """Let the tier drop rows past their TTL that it keeps cold (the tiered store's RocksDB);
         a tier without a TTL has nothing to do. Returns how many rows went."""
-        sweep = getattr(self.tier, "expire_cold", None)
-        return int(sweep()) if sweep is not None else 0
+        return self.tier.expire_cold()
 
     def export(self) -> tuple[np.ndarray, torch.Tensor]:
         """Every row: ids int64 (n,) sorted, rows float32 (n, 3*dim)."""
@@ -340,11 +337,7 @@ class EmbeddingTable:
 
     def load(self, ids: np.ndarray, rows: torch.Tensor) -> None:
         """Bulk-load rows (a snapshot): straight into the cold tier when the store has one."""
-        bulk = getattr(self.tier, "load_rows", None)
-        if bulk is not None:
-            bulk(ids, rows)
-        else:
-            self.tier.write(ids, rows)
+        self.tier.load_rows(ids, rows)
 
     def __len__(self) -> int:
         return len(self.tier)
@@ -353,7 +346,4 @@ class EmbeddingTable:
         stats = {"bytes_used": float(self.tier.bytes_used()), "admissions": float(self.admissions)}
         if self.sketch is not None:
             stats["admission_sketch_bytes"] = float(self.sketch.bytes_used)
-        tier_stats = getattr(self.tier, "stats", None)
-        if tier_stats:  # a tiered store reports rows per tier; counting their union would scan RocksDB
-            return {**stats, **tier_stats()}
-        return {**stats, "rows": float(len(self.tier))}
+        return {**stats, **self.tier.stats()}  # a tiered store: rows per tier (their union would scan RocksDB)

@@ -23,7 +23,7 @@ import faust
 from prometheus_client import Counter
 
 from stream.faust_hot_path import QuietMonitor
-from stream.featurize import featurize_isolating
+from stream.ingest import featurize_isolating
 from stream.outputs import BATCHES, DLQ, Output, plan_outputs
 from stream.prometheus import serve_metrics
 from stream.records import RawRecord, Rejected

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stream import rules
-from stream.featurize import FIELD_SHIFT, features_from_columns, missing_id, string_id
+from stream.featurize import FIELD_SHIFT, features_from_columns, featurize, missing_id, string_id
 from stream.records import FeatureBatch, RawRecord, Rejected
 from stream.schema import Schema
 
@@ -39,22 +39,32 @@ def encode_event_bundle(events: Sequence[dict[str, object]], schema: Schema) -> 
     return encode_table(event_table(events, schema))
 
 
+def bundle_schema(schema: Schema) -> pa.Schema:
+    """The bundle layout, one typed column per field, in this order: the event id (text), time,
+    label and integer fields (int64), float fields (float64), categories (text), list fields (lists
+    of text). What `event_table`, json_batch.py and logs.py build, and what a bundle is read as."""
+    kinds = [(schema.event_id, pa.string()), (schema.timestamp, pa.int64()), (schema.label, pa.int64())]
+    kinds += [(name, pa.int64()) for name in schema.integer_fields]
+    kinds += [(name, pa.float64()) for name in schema.float_fields]
+    kinds += [(name, pa.string()) for name in schema.categorical_fields]
+    kinds += [(name, pa.list_(pa.string())) for name in schema.list_fields]
+    return pa.schema(kinds)
+
+
+def bundle_table(columns: Mapping[str, Sequence[object]], schema: Schema) -> pa.Table:
+    """Python values per field -> a bundle-layout table (event ids of any kind are taken as text)."""
+    layout = bundle_schema(schema)
+    arrays = [
+        pa.array([str(v) for v in columns[f.name]] if f.name == schema.event_id else columns[f.name], f.type)
+        for f in layout
+    ]
+    return pa.Table.from_arrays(arrays, schema=layout)
+
+
 def event_table(events: Sequence[dict[str, object]], schema: Schema) -> pa.Table:
-    """Event dicts -> a bundle-layout table (one typed column per schema field)."""
-    columns: dict[str, pa.Array] = {
-        schema.event_id: pa.array([str(e[schema.event_id]) for e in events], pa.string()),
-        schema.timestamp: pa.array([e[schema.timestamp] for e in events], pa.int64()),
-        schema.label: pa.array([e.get(schema.label) for e in events], pa.int64()),
-    }
-    for name in schema.integer_fields:
-        columns[name] = pa.array([e[name] for e in events], pa.int64())
-    for name in schema.float_fields:
-        columns[name] = pa.array([e[name] for e in events], pa.float64())
-    for name in schema.categorical_fields:
-        columns[name] = pa.array([e[name] for e in events], pa.string())
-    for name in schema.list_fields:
-        columns[name] = pa.array([e[name] for e in events], pa.list_(pa.string()))
-    return pa.Table.from_pydict(columns)
+    """Event dicts -> a bundle-layout table (the label may be absent: null)."""
+    names = bundle_schema(schema).names
+    return bundle_table({n: [e.get(n) if n == schema.label else e[n] for e in events] for n in names}, schema)
 
 
 def encode_table(table: pa.Table) -> bytes:
@@ -133,7 +143,6 @@ def _hex_check(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _whole(record: RawRecord, schema: Schema, reason: str) -> tuple[FeatureBatch, list[Rejected]]:
-    from stream.featurize import featurize
 
     return featurize([], schema), [Rejected(record.partition, record.offset, record.value, reason)]
 

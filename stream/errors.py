@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from adstream.errors import AdstreamError
+from common.errors import AdstreamError
 
 
 class StreamError(AdstreamError):

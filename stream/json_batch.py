@@ -17,7 +17,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from stream.bundle import bundle_table, check_table, checked_features
+from stream.decode import event_from_mapping
 from stream.errors import DecodeError
+from stream.featurize import featurize
 from stream.records import FeatureBatch, Rejected
 from stream.schema import Schema
 
@@ -58,21 +61,6 @@ def _columns(objs: Sequence[Any], schema: Schema) -> tuple[dict[str, list[Any]],
     return columns, columnar
 
 
-def _table(columns: dict[str, list[Any]], start: int, end: int, schema: Schema) -> pa.Table:
-    """Events [start, end) of the columns -> a bundle-layout table (event ids as text, as decode.py makes them)."""
-    column = {name: values[start:end] for name, values in columns.items()}
-    arrays = {
-        schema.event_id: pa.array([str(v) for v in column[schema.event_id]], pa.string()),
-        schema.timestamp: pa.array(column[schema.timestamp], pa.int64()),
-        schema.label: pa.array(column[schema.label], pa.int64()),
-        **{name: pa.array(column[name], pa.int64()) for name in schema.integer_fields},
-        **{name: pa.array(column[name], pa.float64()) for name in schema.float_fields},
-        **{name: pa.array(column[name], pa.string()) for name in schema.categorical_fields},
-        **{name: pa.array(column[name], pa.list_(pa.string())) for name in schema.list_fields},
-    }
-    return pa.Table.from_pydict(arrays)
-
-
 def _by_column(
     columns: dict[str, list[Any]],
     start: int,
@@ -84,10 +72,8 @@ def _by_column(
 ) -> tuple[FeatureBatch, list[Rejected]] | None:
     """Events [start, end) of the columns, all columnar, featurized together (lines, parts, offs:
     theirs alone); None when Arrow refuses a value (one past int64)."""
-    from stream.bundle import check_table, checked_features
-
     try:
-        table = _table(columns, start, end, schema)
+        table = bundle_table({name: values[start:end] for name, values in columns.items()}, schema)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
         return None
     checked = check_table(table, schema)
@@ -104,8 +90,6 @@ def _one_by_one(
     objs: Sequence[Any], lines: Sequence[bytes], parts: np.ndarray, offs: np.ndarray, schema: Schema
 ) -> tuple[FeatureBatch, list[Rejected]]:
     """decode.py's path, an event at a time."""
-    from stream.decode import event_from_mapping
-    from stream.featurize import featurize
 
     good, keep, rejected = [], [], []
     for i, obj in enumerate(objs):

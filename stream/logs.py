@@ -27,7 +27,7 @@ import pyarrow.csv as pcsv
 import pyarrow.json as pjson
 
 from stream import rules
-from stream.bundle import check_table
+from stream.bundle import bundle_schema, check_table
 from stream.errors import StreamError
 from stream.schema import Schema
 
@@ -233,7 +233,7 @@ def to_bundle_layout(
             columns[name] = values.cast(pa.list_(pa.string()))
         else:
             columns[name] = pc.split_pattern(values.cast(pa.string()), source.list_separator)
-    return pa.table(columns), unparsed
+    return pa.table(columns, schema=bundle_schema(schema)), unparsed
 
 
 def read_log(paths: Iterable[str | Path], schema: Schema, loop: bool = False) -> Iterator[LogBlock]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from adstream.checks import at_least, check_fields
+from common.checks import at_least, check_fields
 from stream.errors import StreamError
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stream.bundle import encode_event_bundle, featurize_arrow_bundle
-from stream.featurize import featurize_records
+from stream.ingest import featurize_records
 from stream.records import RawRecord
 from stream.schema import load_schema
 

@@ -2,7 +2,7 @@ import pytest
 
 from adstream.cli import build_parser
 from adstream.config import build_config, load_config, parse_set
-from adstream.errors import AdstreamError
+from common.errors import AdstreamError
 
 
 def test_defaults_follow_stack_ports():
@@ -176,8 +176,9 @@ def test_config_and_set_are_taken_before_or_after_the_subcommand(tmp_path):
 
 def test_the_family_factor_rate_grows_with_the_square_root_of_the_batch_above_256():
     from stream.schema import load_schema
+    from trainer.model import FAMILIES
     from trainer.replica import model_config, table_config
-    from trainer.settings import FAMILY_DEFAULTS, OptimSettings, TrainerSettings
+    from trainer.settings import OptimSettings, TrainerSettings
 
     schema = load_schema("criteo")
 
@@ -185,7 +186,7 @@ def test_the_family_factor_rate_grows_with_the_square_root_of_the_batch_above_25
         settings = TrainerSettings(batch_size=batch_size, optim=OptimSettings(sparse_lr=sparse_lr))
         return table_config(model_config(schema, settings), settings).optim.lr
 
-    family = FAMILY_DEFAULTS["dcn"][1]
+    family = FAMILIES["dcn"].sparse_lr
     assert rate(64) == rate(256) == family  # the rate it was tuned at, and below it
     assert rate(1024) == pytest.approx(2 * family)
     assert rate(4096) == pytest.approx(4 * family)

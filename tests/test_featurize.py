@@ -13,12 +13,12 @@ from stream.featurize import (
     MISSING,
     event_ids,
     featurize,
-    featurize_records,
     integer_bucket,
     missing_id,
     signed_log1p,
     string_id,
 )
+from stream.ingest import featurize_records
 from stream.records import FeatureBatch, RawRecord
 from stream.schema import schema_from_dict
 from tests.helpers import criteo_event
@@ -126,19 +126,19 @@ def test_a_record_that_crashes_featurize_costs_only_itself(schema, monkeypatch):
     reach the batch."""
     import orjson
 
-    import stream.bundle as bundle_module
-    from stream.featurize import featurize_isolating
+    import stream.json_batch as json_batch_module
+    from stream.ingest import featurize_isolating
     from stream.records import RawRecord
     from tests.helpers import criteo_event
 
-    real = bundle_module.checked_features  # where JSON events are featurized (json_batch.py)
+    real = json_batch_module.checked_features  # where JSON events are featurized
 
     def fragile(checked, *args, **kwargs):
         if "e3" in checked.event_ids:
             raise OverflowError("a value no rule caught")
         return real(checked, *args, **kwargs)
 
-    monkeypatch.setattr(bundle_module, "checked_features", fragile)
+    monkeypatch.setattr(json_batch_module, "checked_features", fragile)
     records = [RawRecord(0, i, orjson.dumps(criteo_event(i))) for i in range(6)]
     batch, rejected = featurize_isolating(records, schema)
     assert list(batch.event_ids) == ["e0", "e1", "e2", "e4", "e5"]
@@ -148,7 +148,7 @@ def test_a_record_that_crashes_featurize_costs_only_itself(schema, monkeypatch):
 def test_a_timestamp_past_the_int64_range_is_a_reason_not_a_crash(schema):
     import orjson
 
-    from stream.featurize import featurize_records
+    from stream.ingest import featurize_records
     from stream.records import RawRecord
     from tests.helpers import criteo_event
 

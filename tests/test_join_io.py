@@ -149,7 +149,7 @@ def test_murmur2_matches_kafkas_java_partitioner_on_known_keys():
 def test_the_featurizer_reads_the_joiners_arrow_bundles_as_its_json_lines(schema):
     """Downstream nothing changes with the impressions' format: the featurizer makes the same
     features of the Arrow bundle the joiner emits as of the JSON lines it emits for the same events."""
-    from stream.featurize import featurize_records
+    from stream.ingest import featurize_records
 
     events = [impression(i) for i in range(50)]
     json_in, _, _ = read_impressions(RawRecord(0, 3, b"\n".join(orjson.dumps(e) for e in events)), schema)

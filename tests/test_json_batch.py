@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from stream.decode import decode_event
 from stream.errors import DecodeError
-from stream.featurize import featurize, featurize_records
+from stream.featurize import featurize
+from stream.ingest import featurize_records
 from stream.json_batch import featurize_json_events
 from stream.records import RawRecord, Rejected
 from stream.schema import load_schema, schema_from_dict
@@ -120,11 +121,11 @@ def test_the_column_path_equals_decoding_one_event_at_a_time(data):
 def test_good_events_take_the_column_path_and_bad_ones_keep_their_order(schema, monkeypatch):
     """All-good events are featurized in one column pass (decode.py is never called); one with a
     wrong type in the middle goes alone through decode.py, and the batch keeps the events' order."""
-    import stream.decode
+    import stream.json_batch
 
     decoded = []
-    real = stream.decode.event_from_mapping
-    monkeypatch.setattr(stream.decode, "event_from_mapping", lambda obj, *a: decoded.append(obj) or real(obj, *a))
+    real = stream.json_batch.event_from_mapping  # decode.py's, as json_batch.py calls it
+    monkeypatch.setattr(stream.json_batch, "event_from_mapping", lambda obj, *a: decoded.append(obj) or real(obj, *a))
     objs = [criteo_event(i) for i in range(6)]
     check(schema, objs)
     assert decoded == [] or len(decoded) == len(objs)  # the reference decodes every event itself

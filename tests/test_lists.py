@@ -16,7 +16,8 @@ from stream import rules
 from stream.batch_codec import decode_batch, encode_batch
 from stream.bundle import encode_event_bundle, featurize_arrow_bundle
 from stream.decode import decode_event, event_from_mapping
-from stream.featurize import FIELD_SHIFT, featurize, featurize_records, missing_id
+from stream.featurize import FIELD_SHIFT, featurize, missing_id
+from stream.ingest import featurize_records
 from stream.records import FeatureBatch, RawRecord
 from stream.replay import log_records, synthetic_records
 from stream.schema import load_schema

@@ -36,6 +36,24 @@ def test_deepfm_shapes_and_seeded_init():
         assert torch.equal(a, b)
 
 
+def test_each_family_builds_the_parts_its_table_entry_names():
+    import pytest
+
+    from trainer.errors import TrainerError
+    from trainer.model import FAMILIES, Family
+
+    for kind, family in FAMILIES.items():
+        model = CtrModel(ModelConfig(39, 13, 4, (16,), kind=kind))
+        assert (hasattr(model, "cross"), hasattr(model, "mlp")) == (family.cross, family.mlp), kind
+        rows, dense = torch.randn(8, 39, 5), torch.randn(8, 13)
+        wide = model.bias + rows[..., 4].sum(dim=1) + model.dense_linear(model.norm.eval()(dense)).squeeze(1)
+        model.eval()
+        added = model(rows, dense) - wide  # what the family adds to the wide part (its MLP head starts at 0)
+        assert bool(added.abs().max() > 1e-4) == family.fm, kind
+    with pytest.raises(TrainerError, match="cross layers feed an MLP"):
+        Family(fm=False, cross=True, mlp=False, embed_dim=8, sparse_lr=0.1)
+
+
 def test_fm_term_is_pairwise_dot_products():
     config = ModelConfig(num_fields=3, num_dense=1, embed_dim=2, hidden=(4,))
     model = CtrModel(config)

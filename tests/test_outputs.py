@@ -12,7 +12,7 @@ import pytest
 from stream import rules
 from stream.batch_codec import decode_batch
 from stream.bundle import encode_event_bundle, encode_table, event_table
-from stream.featurize import featurize_isolating, featurize_records
+from stream.ingest import featurize_isolating, featurize_records
 from stream.outputs import BATCHES, DLQ, RECORD_OVERHEAD, dead_letter, plan_outputs
 from stream.records import RawRecord
 from stream.schema import load_schema

@@ -11,7 +11,7 @@ from stream import rules
 from stream.bundle import featurize_arrow_bundle, is_arrow_bundle
 from stream.decode import decode_event
 from stream.errors import SchemaError
-from stream.featurize import featurize_records
+from stream.ingest import featurize_records
 from stream.logs import BASE_TS_MS, read_log
 from stream.records import RawRecord
 from stream.replay import ReplayRecord, json_lines, log_records

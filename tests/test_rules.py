@@ -9,7 +9,7 @@ import pytest
 
 from stream import rules
 from stream.bundle import encode_event_bundle, featurize_arrow_bundle
-from stream.featurize import featurize_records
+from stream.ingest import featurize_records
 from stream.records import RawRecord
 from stream.replay import log_records
 from tests.helpers import criteo_event

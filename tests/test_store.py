@@ -24,6 +24,35 @@ def test_implements_interface(tier):
     assert isinstance(tier, Tier)
 
 
+def test_the_optional_capabilities_answer_on_every_tier(tier):
+    """Declared in store/tier.py with what a tier without them does, so the table calls them on any tier."""
+    ids = np.arange(1, 6, dtype=np.int64)
+    rows = torch.arange(5 * WIDTH, dtype=torch.float32).view(5, WIDTH)
+    tier.load_rows(ids, rows)
+    got, found = tier.read(ids)
+    assert found.all() and torch.equal(got.cpu(), rows)
+    assert tier.expire_cold() == 0  # nothing has a TTL here
+    expired = tier.take_expired()
+    assert expired.dtype == np.int64 and len(expired) == 0
+    stats = tier.stats()
+    assert stats and all(isinstance(v, float) for v in stats.values())
+    assert isinstance(tier.prefetches, bool)
+    tier.prefetch(ids)  # a hint: reads stay exact
+    assert torch.equal(tier.read(ids)[0].cpu(), rows)
+    tier.close()
+
+
+def test_a_tier_missing_a_required_method_cannot_be_built():
+    class Half(Tier):
+        width, capacity_bytes = 4, 0
+
+        def read(self, ids):
+            return torch.zeros((len(ids), 4)), np.zeros(len(ids), bool)
+
+    with pytest.raises(TypeError, match="abstract"):
+        Half()
+
+
 def test_round_trip_any_64_bit_id(tier):
     ids = np.array([0, 1, 2**63 - 1, -(2**63), 123456789012345], dtype=np.int64)
     rows = torch.arange(len(ids) * WIDTH, dtype=torch.float32).view(-1, WIDTH)

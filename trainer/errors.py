@@ -1,6 +1,6 @@
 """The one error base class of trainer/."""
 
-from adstream.errors import AdstreamError
+from common.errors import AdstreamError
 
 
 class TrainerError(AdstreamError):

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import Gauge
 
-from adstream.checks import flat_fields
+from common.checks import flat_fields
 from stream.prometheus import serve_metrics
 from stream.schema import Schema
 from stream.settings import KafkaSettings

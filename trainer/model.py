@@ -23,10 +23,37 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from adstream.checks import check_fields, one_of
+from common.checks import check_fields, one_of
 from trainer.errors import TrainerError
 
-MODEL_KINDS = ("lr", "fm", "deepfm", "dcn")
+
+@dataclass(frozen=True)
+class Family:
+    """What a model family adds to the shared wide part, and what its defaults are. A new family
+    is one entry in FAMILIES (a missing field is an error at import)."""
+
+    fm: bool  # + FM's pairwise factor interactions
+    cross: bool  # + DCN-v2's cross layers in front of the MLP
+    mlp: bool  # + an MLP over [factors, dense]
+    # what trainer.model.embed_dim = 0 and trainer.optim.sparse_lr = 0 mean: the factor width and
+    # the factors' rate at batch 256 (trainer/settings.py scales it with the batch), tuned on the
+    # synthetic stream and the first half of the real rows. DCN's cross layers use wide factors
+    # well; the FM term's size grows with the width and rate, so FM-based families stay narrow.
+    embed_dim: int
+    sparse_lr: float
+
+    def __post_init__(self) -> None:
+        if self.cross and not self.mlp:
+            raise TrainerError(f"model family {self}: cross layers feed an MLP; set mlp=True")
+
+
+FAMILIES: dict[str, Family] = {
+    "lr": Family(fm=False, cross=False, mlp=False, embed_dim=8, sparse_lr=0.05),
+    "fm": Family(fm=True, cross=False, mlp=False, embed_dim=8, sparse_lr=0.05),
+    "deepfm": Family(fm=True, cross=False, mlp=True, embed_dim=8, sparse_lr=0.05),
+    "dcn": Family(fm=False, cross=True, mlp=True, embed_dim=16, sparse_lr=0.15),
+}
+MODEL_KINDS = tuple(FAMILIES)
 
 
 @dataclass(frozen=True)
@@ -135,25 +162,26 @@ class CtrModel(nn.Module):
             warnings.filterwarnings("ignore", "Initializing zero-element tensors", UserWarning)
             self.dense_linear = nn.Linear(config.num_dense, 1, bias=False)
         width = config.num_fields * config.embed_dim + config.num_dense
-        if config.kind == "dcn":
+        self.family = FAMILIES[config.kind]
+        if self.family.cross:
             self.cross = nn.ModuleList(_cross_layer(width, config.cross_rank) for _ in range(config.cross_layers))
-        if config.kind in ("deepfm", "dcn"):
+        if self.family.mlp:
             self.mlp = _mlp(width, config.hidden)
         torch.random.set_rng_state(generator_state)
 
     def forward(self, rows: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-        kind, e = self.config.kind, self.config.embed_dim
+        family, e = self.family, self.config.embed_dim
         factors, first = rows[..., :e], rows[..., e]  # (B, F, E), (B, F)
         dense = self.norm(dense)
         logit = self.bias + first.sum(dim=1) + self.dense_linear(dense).squeeze(1)
-        if kind in ("fm", "deepfm"):
+        if family.fm:
             summed = factors.sum(dim=1)
             logit = logit + 0.5 * (summed * summed - (factors * factors).sum(dim=1)).sum(dim=1)
-        if kind == "lr" or kind == "fm":
+        if not family.mlp:
             return logit
         x0 = torch.cat([factors.flatten(1), dense], dim=1)  # (B, F*E + D)
         x = x0
-        if kind == "dcn":
+        if family.cross:
             for layer in self.cross:
                 x = x0 * layer(x) + x
         return logit + self.mlp(x).squeeze(1)

@@ -45,9 +45,9 @@ from trainer.merge import (
     share_sightings,
 )
 from trainer.metrics import ProgressiveMetrics
-from trainer.model import CtrModel, ModelConfig
+from trainer.model import FAMILIES, CtrModel, ModelConfig
 from trainer.optim import wide_deep_optimizer
-from trainer.settings import FAMILY_DEFAULTS, TrainerSettings, family_sparse_lr
+from trainer.settings import TrainerSettings, family_sparse_lr
 from trainer.shard import ShardedTable
 from trainer.snapshot import (
     Manifest,
@@ -131,7 +131,7 @@ def model_config(schema: Schema, settings: TrainerSettings) -> ModelConfig:
     return ModelConfig(
         num_fields=schema.num_fields,
         num_dense=schema.num_dense,
-        embed_dim=model.embed_dim or FAMILY_DEFAULTS[model.kind][0],
+        embed_dim=model.embed_dim or FAMILIES[model.kind].embed_dim,
         hidden=tuple(model.hidden),
         seed=settings.seed,
         kind=model.kind,

@@ -15,21 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from adstream.checks import at_least, check_fields, one_of
+from common.checks import at_least, check_fields, one_of
 from store.rocks import TABLE_FORMATS
 from store.sparse_optim import SPARSE_OPTIMIZERS
 from trainer.errors import TrainerError
-from trainer.model import MODEL_KINDS
+from trainer.model import FAMILIES, MODEL_KINDS
 
-# what embed_dim = 0 and sparse_lr = 0 mean for each family: (factor width, factor learning rate),
-# tuned on the synthetic stream and the first half of the real rows. DCN's cross layers use wide
-# factors well; the FM term's size grows with the width and rate, so FM-based families stay narrow.
-FAMILY_DEFAULTS: dict[str, tuple[int, float]] = {
-    "lr": (8, 0.05),
-    "fm": (8, 0.05),
-    "deepfm": (8, 0.05),
-    "dcn": (16, 0.15),
-}
 RATE_BATCH = 256  # the batch size the family rates were tuned at
 
 
@@ -40,7 +31,7 @@ def family_sparse_lr(kind: str, batch_size: int) -> float:
     rule for adaptive optimizers (Malladi et al., 2022) gives the rows back their pace: on the
     synthetic stream at batch 4096, 0.15 -> 0.6 took the AUC from 0.8091 to 0.8106 (batch 256:
     0.8132). Smaller batches keep the family's rate (tuned there, with the wide part per event)."""
-    return FAMILY_DEFAULTS[kind][1] * max(1.0, (batch_size / RATE_BATCH) ** 0.5)
+    return FAMILIES[kind].sparse_lr * max(1.0, (batch_size / RATE_BATCH) ** 0.5)
 
 
 @dataclass(frozen=True)

@@ -98,7 +98,7 @@ def test_a_training_job_publishes_deltas_between_bases(isolated: Config, tmp_pat
     exists it sends a base instead)."""
     from mlflow import MlflowClient
 
-    from adstream.checks import with_changes
+    from common.checks import with_changes
     from trainer.loop import run_training
     from trainer.snapshot import read_manifest
 

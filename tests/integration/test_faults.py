@@ -182,7 +182,7 @@ def test_a_trainer_killed_while_publishing_a_delta_never_shows_serving_a_torn_on
     and serving ends on its final base."""
     import re
 
-    from adstream.checks import with_changes
+    from common.checks import with_changes
     from serving.app import registry_fetch
     from tests.integration.helpers import start_cli
     from tests.integration.test_recovery import job_config, produce_batches

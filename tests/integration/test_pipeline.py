@@ -11,8 +11,8 @@ import numpy as np
 import orjson
 import pytest
 
-from adstream.checks import with_changes
 from adstream.demo import wait_for_model
+from common.checks import with_changes
 from store.ram import RamTier
 from store.table import EmbeddingTable, TableConfig
 from stream.decode import event_from_mapping

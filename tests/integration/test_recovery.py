@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from adstream.checks import with_changes
 from adstream.config import Config
+from common.checks import with_changes
 from stream.batch_codec import encode_batch
-from stream.featurize import featurize_records
+from stream.ingest import featurize_records
 from stream.records import RawRecord
 from stream.replay import synthetic_records
 from stream.schema import load_schema

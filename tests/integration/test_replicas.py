@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from adstream.checks import with_changes
 from adstream.config import Config
+from common.checks import with_changes
 from stream.schema import load_schema
 from trainer.group import launch_local
 from trainer.loop import TrainSummary, run_training

@@ -5,7 +5,7 @@
 
 Every settings dataclass calls `check_fields(self, "<section>", <its package's error>)` in its
 __post_init__, so a bad value is refused where it is built (TOML, --set, or code) with the key
-and the fix. Like errors.py this module imports nothing of the project: any package may use it.
+and the fix. Like everything in common/ this module imports nothing of the project: any package may use it.
 """
 
 from __future__ import annotations
