@@ -11,10 +11,11 @@ GET /model     the served version, its base step and last delta, the newest even
 GET /metrics   Prometheus (requests, latency, swaps, and the served model's progressive AUC,
                logloss and calibration: ECE, predicted vs observed CTR)
 
-A background task polls the registry: a newer version is loaded whole and swapped in with one
-reference assignment, so requests in flight finish on the model they started with; deltas of the
-served version are applied in place (serving/loader.py) and the model is swapped for the one with
-their dense weights.
+A background task polls the registry (serving/follow.py says what comes next): a newer version is
+loaded whole and swapped in with one reference assignment, so requests in flight finish on the model
+they started with; deltas of the served version are applied in place (serving/loader.py) and the
+model is swapped for the one with their dense weights. Request bodies are parsed by
+serving/request.py.
 """
 
 from __future__ import annotations
@@ -38,17 +39,16 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 
+from serving.follow import Follower
 from serving.loader import ServedModel, apply_delta, load_served_model
 from serving.predict import predict_events
-from serving.registry import download, download_delta, list_deltas, resolve
+from serving.registry import MlflowRegistry
+from serving.request import Refusal, parse_predict_body
 from serving.settings import ServingSettings
-from stream.decode import event_from_mapping
-from stream.errors import DecodeError
 from stream.schema import Schema
 
 log = logging.getLogger("adstream.serving")
 INLINE_EVENTS = 8  # requests of at most this many events are scored on the event loop itself
-DELTA_DOWNLOAD_TRIES = 3  # polls a delta's download may fail (registry or network) before the version sticks
 REQUESTS = Counter("adstream_serving_requests_total", "prediction requests", ["status"])
 LATENCY = Histogram(
     "adstream_serving_predict_seconds", "time in /predict", buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5)
@@ -106,76 +106,19 @@ class ModelHolder:
 
 
 def registry_fetch(tracking_uri: str, model_name: str, settings: ServingSettings, schema: Schema) -> Fetch:
-    """Follow the alias: a new version is downloaded and loaded whole; while it stays, its deltas
-    are applied in order. A refused version or delta is not downloaded again: the model stays
-    until the alias moves to the next base. A delta whose download fails (the registry or the
-    network for a moment) is tried again at the next polls, DELTA_DOWNLOAD_TRIES in all. A failure met
-    after a newer model was already in hand (a broken delta behind a new base or a good delta) does
-    not hold that model back: it is returned, and the failure is raised at the next poll, so every
-    refusal is logged and counted."""
-    refused: set[str] = set()  # versions that failed to load
-    stuck: set[str] = set()  # versions whose next delta was refused (a gap or a broken delta)
-    unreported: list[Exception] = []  # a failure met after a newer model was in hand: raised at the next poll
-    failed_downloads: dict[tuple[str, int], int] = {}  # (version, sequence) -> failed download attempts
-    loaded: list[ServedModel] = []  # the bases loaded, newest last: older ones are dropped from disk
+    """serving/follow.py's Follower over the MLflow registry: bases loaded from the download
+    cache, the oldest of them closed and deleted once two newer ones are loaded."""
 
-    def forget_old() -> None:
-        """Keep the newest two versions on disk (requests may still run on the previous one)."""
-        while len(loaded) > 2:
-            old = loaded.pop(0)
-            old.table.tier.close()
-            shutil.rmtree(Path(settings.cache_dir) / model_name / old.version, ignore_errors=True)
+    def load(base_dir: Path, version: str) -> ServedModel:
+        rocksdb = base_dir / "rocksdb" if settings.store == "rocksdb" else None
+        return load_served_model(base_dir, version, schema, rocksdb, settings.disk_bytes)
 
-    def fetch(current: ServedModel | None) -> ServedModel | None:
-        if unreported:  # the last poll served what did apply and kept this back: report it now
-            raise unreported.pop()
-        ref = resolve(tracking_uri, model_name, settings.alias)
-        if ref is None or ref.version in refused:
-            return None
-        if current is None or ref.version != current.version:
-            try:
-                base_dir = download(tracking_uri, ref, settings.cache_dir)
-                rocksdb = base_dir / "rocksdb" if settings.store == "rocksdb" else None
-                current = load_served_model(base_dir, ref.version, schema, rocksdb, settings.disk_bytes)
-            except Exception:
-                refused.add(ref.version)
-                raise
-            loaded.append(current)
-            forget_old()
-            fresh = current
-        elif ref.version in stuck:
-            return None
-        else:
-            fresh = None
-        if ref.delta is not None and ref.delta <= current.sequence:
-            return fresh  # the publisher's tag says there is no newer delta: no listing
-        for sequence in list_deltas(tracking_uri, ref):
-            if sequence <= current.sequence:
-                continue
-            try:
-                path = download_delta(tracking_uri, ref, sequence, settings.cache_dir)
-            except Exception as exc:  # transient until it has failed DELTA_DOWNLOAD_TRIES polls
-                key = (ref.version, sequence)
-                failed_downloads[key] = failed_downloads.get(key, 0) + 1
-                if failed_downloads[key] >= DELTA_DOWNLOAD_TRIES:
-                    stuck.add(ref.version)
-                if fresh is not None:
-                    unreported.append(exc)
-                    return fresh
-                raise
-            if path is None:  # still uploading: next poll
-                break
-            try:
-                fresh = current = apply_delta(current, path)
-            except Exception as exc:  # refused (a gap, another base, an unreadable file): wait for the next base
-                stuck.add(ref.version)
-                if fresh is not None:  # serve what did apply; the refusal is raised at the next poll
-                    unreported.append(exc)
-                    return fresh
-                raise
-        return fresh
+    def drop(old: ServedModel) -> None:
+        old.table.tier.close()
+        shutil.rmtree(Path(settings.cache_dir) / model_name / old.version, ignore_errors=True)
 
-    return fetch
+    registry = MlflowRegistry(tracking_uri, model_name, settings.alias, settings.cache_dir)
+    return Follower(registry, load, apply_delta, drop)
 
 
 def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> FastAPI:
@@ -300,51 +243,26 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> FastA
                 },
                 status_code=413,
             )
-        try:
-            payload = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            REQUESTS.labels("422").inc()
-            return _unprocessable([("body",)], f"request body is not valid JSON ({exc})")
-        items = payload if isinstance(payload, list) else [payload]
-        if not items or len(items) > settings.max_events:
-            REQUESTS.labels("422").inc()
-            return _unprocessable([("body",)], f"send 1 to {settings.max_events} events, got {len(items)}")
-        events, errors = [], []
-        now_ms = int(time.time() * 1000)
-        for index, item in enumerate(items):
-            if isinstance(item, dict) and schema.timestamp not in item:  # a request's time: now
-                item = {**item, schema.timestamp: now_ms}
-            try:
-                events.append(event_from_mapping(item, schema, require_label=False))
-            except DecodeError as exc:
-                loc = ("body", index, exc.field) if isinstance(payload, list) else ("body", exc.field)
-                errors.append((loc, exc.reason))
-        if errors:
-            REQUESTS.labels("422").inc()
-            return JSONResponse(
-                {
-                    "detail": [
-                        {"loc": [x for x in loc if x != ""], "msg": msg, "type": "value_error"} for loc, msg in errors
-                    ]
-                },
-                status_code=422,
-            )
+        parsed = parse_predict_body(body, schema, settings.max_events, int(time.time() * 1000))
+        if isinstance(parsed, Refusal):
+            REQUESTS.labels(str(parsed.status)).inc()
+            return JSONResponse({"detail": parsed.detail}, status_code=parsed.status)
         served = h.current  # read once: a swap during this request does not affect it
         if served is None:
             REQUESTS.labels("503").inc()
             return JSONResponse({"detail": "no model loaded yet; is a trainer publishing?"}, status_code=503)
         with LATENCY.time():
-            if len(events) <= INLINE_EVENTS:  # well under a millisecond: a thread hop would cost more
-                ctrs = predict_events(served, events, schema)
+            if len(parsed) <= INLINE_EVENTS:  # well under a millisecond: a thread hop would cost more
+                ctrs = predict_events(served, parsed, schema)
             else:
-                ctrs = await asyncio.to_thread(predict_events, served, events, schema)
+                ctrs = await asyncio.to_thread(predict_events, served, parsed, schema)
         REQUESTS.labels("200").inc()
         return Response(
             orjson.dumps(
                 {
                     "model_version": served.version,
                     "schema_hash": served.manifest.schema_hash,
-                    "predictions": [{"event_id": e.event_id, "ctr": float(c)} for e, c in zip(events, ctrs)],
+                    "predictions": [{"event_id": e.event_id, "ctr": float(c)} for e, c in zip(parsed, ctrs)],
                 }
             ),
             media_type="application/json",
@@ -382,9 +300,3 @@ async def _body_within(request: Request, limit: int) -> bytes | None:
         if len(body) > limit:
             return None
     return bytes(body)
-
-
-def _unprocessable(locs: list[tuple[Any, ...]], msg: str) -> JSONResponse:
-    return JSONResponse(
-        {"detail": [{"loc": list(loc), "msg": msg, "type": "value_error"} for loc in locs]}, status_code=422
-    )

@@ -107,3 +107,25 @@ def download_delta(tracking_uri: str, ref: VersionRef, sequence: int, cache_dir:
         shutil.rmtree(target, ignore_errors=True)
         local.rename(target)  # whole or not at all: the cache never holds half a delta
     return target
+
+
+@dataclass(frozen=True)
+class MlflowRegistry:
+    """One registered model behind one alias, as serving/follow.py's Registry: these functions bound."""
+
+    tracking_uri: str
+    name: str
+    alias: str
+    cache_dir: str  # where bases and deltas are downloaded
+
+    def resolve(self) -> VersionRef | None:
+        return resolve(self.tracking_uri, self.name, self.alias)
+
+    def download(self, ref: VersionRef) -> Path:
+        return download(self.tracking_uri, ref, self.cache_dir)
+
+    def list_deltas(self, ref: VersionRef) -> list[int]:
+        return list_deltas(self.tracking_uri, ref)
+
+    def download_delta(self, ref: VersionRef, sequence: int) -> Path | None:
+        return download_delta(self.tracking_uri, ref, sequence, self.cache_dir)

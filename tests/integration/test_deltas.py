@@ -122,7 +122,7 @@ def test_a_training_job_publishes_deltas_between_bases(isolated: Config, tmp_pat
 def test_a_delta_whose_download_fails_is_tried_again_and_only_then_sticks(isolated: Config, tmp_path: Path):
     """A download failure (here the local cache: a file where the deltas folder goes) is retried at
     the next polls; after DELTA_DOWNLOAD_TRIES failed polls the version waits for the next base."""
-    from serving.app import DELTA_DOWNLOAD_TRIES
+    from serving.follow import DELTA_DOWNLOAD_TRIES
 
     schema, trainer, publisher, fetch, served = served_base(isolated, tmp_path, "delta-retries")
     blocker = Path(isolated.serving.cache_dir) / isolated.mlflow.model_name / served.version / "deltas"
