@@ -34,9 +34,10 @@ from stream.replay import log_records, synthetic_records
 from stream.schema import Schema
 from stream.synthetic import SyntheticConfig, SyntheticCriteo
 from trainer.batch import batch_from_features
+from trainer.configs import model_config
 from trainer.metrics import auc_exact, ece, logloss
 from trainer.model import MODEL_KINDS
-from trainer.replica import Trainer, model_config
+from trainer.replica import Trainer
 from trainer.settings import TrainerSettings
 
 REAL_BATCH = 64  # 10k rows: 160 steps at 64 (at 1024 they would be 10); see the README on batch size

@@ -176,8 +176,8 @@ def test_config_and_set_are_taken_before_or_after_the_subcommand(tmp_path):
 
 def test_the_family_factor_rate_grows_with_the_square_root_of_the_batch_above_256():
     from stream.schema import load_schema
+    from trainer.configs import model_config, table_config
     from trainer.model import FAMILIES
-    from trainer.replica import model_config, table_config
     from trainer.settings import OptimSettings, TrainerSettings
 
     schema = load_schema("criteo")
@@ -191,3 +191,36 @@ def test_the_family_factor_rate_grows_with_the_square_root_of_the_batch_above_25
     assert rate(1024) == pytest.approx(2 * family)
     assert rate(4096) == pytest.approx(4 * family)
     assert rate(4096, sparse_lr=0.1) == 0.1  # a rate the user set is taken as it is
+
+
+def test_a_knob_the_settings_and_a_component_both_declare_has_one_default():
+    """trainer/configs.py maps the [trainer.*] sections onto the components' own configs; where both
+    declare a knob, a component built alone behaves as the trainer's default."""
+    import dataclasses
+
+    from store.hierarchy import HierarchyConfig
+    from store.sparse_optim import SparseOptimConfig
+    from store.table import TableConfig
+    from trainer.model import ModelConfig
+    from trainer.settings import ModelSettings, OptimSettings, StoreSettings
+
+    def defaults(cls):
+        return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+
+    same = [  # (settings section, component, settings name -> component name)
+        (ModelSettings, ModelConfig, {"kind": "kind", "hidden": "hidden", "cross_layers": "cross_layers"}),
+        (ModelSettings, ModelConfig, {"cross_rank": "cross_rank", "dense_norm": "dense_norm"}),
+        (StoreSettings, HierarchyConfig, {"eviction": "policy", "ttl_steps": "ttl_steps", "pipelined": "pipelined"}),
+        (StoreSettings, HierarchyConfig, {"rocksdb_format": "rocksdb_format"}),
+        (StoreSettings, TableConfig, {"min_count": "min_count", "admission_bytes": "admission_bytes"}),
+        (OptimSettings, TableConfig, {"init_std": "init_std"}),
+        (OptimSettings, SparseOptimConfig, {"sparse_optimizer": "name", "sparse_l2": "l2", "clip_ratio": "clip_ratio"}),
+        (OptimSettings, SparseOptimConfig, {"initial_accumulator": "initial_accumulator"}),
+    ]
+    # not the same knob by design: embed_dim and sparse_lr (0 = the family's default, resolved in
+    # trainer/configs.py), wide_lr / wide_per_event (a table alone learns its last column as the
+    # others), the byte budgets (required of a store: never a hidden default)
+    for section, component, names in same:
+        ours, theirs = defaults(section), defaults(component)
+        for name, their_name in names.items():
+            assert ours[name] == theirs[their_name], f"{section.__name__}.{name} vs {component.__name__}.{their_name}"

@@ -58,7 +58,13 @@ def _model(delayed: str):
     from trainer.model import CtrModel, ModelConfig
 
     config = ModelConfig(
-        num_fields=39, num_dense=13, embed_dim=4, hidden=(16,), dense_norm=False, delayed_feedback=delayed
+        num_fields=39,
+        num_dense=13,
+        embed_dim=4,
+        hidden=(16,),
+        dense_norm=False,
+        delayed_feedback=delayed,
+        kind="deepfm",
     )
     table = EmbeddingTable(
         RamTier(3 * config.row_dim, 1 << 24), TableConfig(dim=config.row_dim, optim=SparseOptimConfig("sgd", lr=0.1))

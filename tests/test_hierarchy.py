@@ -57,7 +57,7 @@ def test_eviction_never_loses_a_dirty_row(tmp_path, device_tier):
 
 @pytest.mark.parametrize(("fmt", "factory"), [("plain", "PlainTable"), ("block", "BlockBasedTable")])
 def test_the_trainers_rocksdb_format_setting_reaches_rocksdb(tmp_path, fmt, factory):
-    from trainer.replica import make_tier
+    from trainer.configs import make_tier
     from trainer.settings import StoreSettings, TrainerSettings
 
     store = StoreSettings(kind="tiered", path=str(tmp_path / "rocks"), rocksdb_format=fmt)
@@ -160,7 +160,7 @@ def test_admission_needs_min_count_sightings_and_trains_the_fields_shared_row():
 def _train(tier, batches, prefetch: bool = False):
     """Train a small model through `tier`; with prefetch, each step announces the next batch (the
     trainer's loop does the same), so its cold rows are read while evictions write others back."""
-    config = ModelConfig(num_fields=5, num_dense=3, embed_dim=3, hidden=(8,), seed=1)
+    config = ModelConfig(num_fields=5, num_dense=3, embed_dim=3, hidden=(8,), seed=1, kind="deepfm")
     table = EmbeddingTable(tier, TableConfig(dim=config.row_dim, seed=2, optim=SparseOptimConfig("adam", lr=0.05)))
     model = CtrModel(config)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)

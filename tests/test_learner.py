@@ -119,7 +119,7 @@ def test_the_dense_optimizer_is_torch_adam_on_the_deep_part_and_adagrad_on_the_w
     from trainer.model import CtrModel, ModelConfig
     from trainer.optim import wide_deep_optimizer, wide_parameters
 
-    models = [CtrModel(ModelConfig(4, 3, 2, (5,), seed=1)) for _ in range(2)]
+    models = [CtrModel(ModelConfig(4, 3, 2, (5,), seed=1, kind="deepfm")) for _ in range(2)]
     ours = wide_deep_optimizer(models[0], lr=0.01, wide_lr=0.1)
     wide = {id(p) for p in wide_parameters(models[1])}
     deep = [p for p in models[1].parameters() if id(p) not in wide]

@@ -12,7 +12,7 @@ from trainer.step import predict, train_step
 
 
 def small(seed: int = 0):
-    config = ModelConfig(num_fields=39, num_dense=13, embed_dim=4, hidden=(16,), seed=seed)
+    config = ModelConfig(num_fields=39, num_dense=13, embed_dim=4, hidden=(16,), seed=seed, kind="deepfm")
     table = EmbeddingTable(
         RamTier(3 * config.row_dim, 1 << 24), TableConfig(dim=config.row_dim, optim=SparseOptimConfig("adam", lr=0.05))
     )
@@ -31,7 +31,7 @@ def test_deepfm_shapes_and_seeded_init():
     model, _, _ = small()
     logits = model(torch.zeros(8, 39, 5), torch.zeros(8, 13))
     assert logits.shape == (8,)
-    other = CtrModel(ModelConfig(39, 13, 4, (16,), seed=0))
+    other = CtrModel(ModelConfig(39, 13, 4, (16,), seed=0, kind="deepfm"))
     for a, b in zip(model.parameters(), other.parameters()):  # buffers hold the dense statistics seen
         assert torch.equal(a, b)
 
@@ -55,7 +55,7 @@ def test_each_family_builds_the_parts_its_table_entry_names():
 
 
 def test_fm_term_is_pairwise_dot_products():
-    config = ModelConfig(num_fields=3, num_dense=1, embed_dim=2, hidden=(4,))
+    config = ModelConfig(num_fields=3, num_dense=1, embed_dim=2, hidden=(4,), kind="deepfm")
     model = CtrModel(config)
     for p in model.parameters():
         torch.nn.init.zeros_(p)

@@ -13,8 +13,8 @@ from stream.decode import event_from_mapping
 from stream.featurize import featurize
 from tests.helpers import criteo_event, trained_trainer
 from trainer.batch import batch_from_features
+from trainer.configs import make_optimizer
 from trainer.errors import SnapshotError
-from trainer.replica import make_optimizer
 from trainer.snapshot import folder_bytes, load_optimizer_state, load_snapshot, read_embeddings, read_manifest
 from trainer.step import predict
 

@@ -147,8 +147,8 @@ def test_cpu_lists_and_shards():
 
 @needs_matrices
 def test_each_gpu_rank_keeps_its_rocksdb_in_the_folder_of_its_numa_node(monkeypatch):
+    from trainer.configs import store_path
     from trainer.errors import TrainerError
-    from trainer.replica import store_path
     from trainer.settings import StoreSettings, TrainerSettings
 
     topology, _ = load("h100_sxm5_8x_nvswitch_2socket")

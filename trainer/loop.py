@@ -31,10 +31,11 @@ from common.checks import flat_fields
 from stream.prometheus import serve_metrics
 from stream.schema import Schema
 from stream.settings import KafkaSettings
+from trainer.configs import store_path
 from trainer.group import Control, in_group, local_gpu
 from trainer.metrics import ProgressiveMetrics, merged_summary
 from trainer.publish import send_delta, take_snapshot
-from trainer.replica import Trainer, store_path
+from trainer.replica import Trainer
 from trainer.schedule import LoopState, Round, Schedule, decide
 from trainer.settings import MlflowSettings, TrainerSettings
 from trainer.snapshot import check_writable, latest_snapshot

@@ -63,7 +63,7 @@ class ModelConfig:
     embed_dim: int = 8  # E: factor width; store rows are E + 1 wide (factor + linear weight)
     hidden: tuple[int, ...] = (128, 64)  # MLP layer widths (deepfm, dcn)
     seed: int = 0  # seed of the dense initialization
-    kind: str = one_of(MODEL_KINDS, "deepfm")  # the family
+    kind: str = one_of(MODEL_KINDS, "dcn")  # the family (the default: trainer.model.kind's)
     cross_layers: int = 2  # cross layers (dcn)
     cross_rank: int = 0  # 0: full-rank cross weights (F*E + D)^2; r > 0: W = U V^T of rank r (cheaper)
     dense_norm: bool = True  # standardize dense features by running mean / variance
