@@ -97,12 +97,7 @@ def _replica(data: str, settings: TrainerSettings, k: int, schema_name: str, nod
         )
         mine = Round.vector(events=len(batch), idle=False, merge_due=False, snapshot_due=False)
         state, act = decide(state, Round.from_sum(control.sum(mine)), schedule)
-        if settings.shard_within_node:
-            prob, _ = trainer.learn_sharded(batch)
-        elif k == 0:
-            prob, _ = trainer.learn_sync(batch)
-        else:
-            prob = trainer.learn(batch).probs
+        prob = trainer.learn_round(batch, k)
         if act.merge:
             across += trainer.merge().bytes
         assert prob is not None  # every replica has a batch every round here

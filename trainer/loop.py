@@ -238,12 +238,7 @@ def one_ahead(batches: Iterator[Batch | None], trainer: Trainer) -> Iterator[Bat
 
 def _learn(trainer: Trainer, batch: Batch | None, k: int, learn_log: LearnLog) -> int:
     """This replica's part of a learning round; returns the stream batches it learned."""
-    if trainer.sharded:
-        trainer.learn_sharded(batch)  # rows sharded over the replicas: every replica steps, with or without a batch
-    elif k == 0:
-        trainer.learn_sync(batch)  # synchronous data parallel: every replica steps, with or without a batch
-    elif batch is not None:
-        trainer.learn(batch)
+    trainer.learn_round(batch, k)
     if batch is None:
         return 0
     learn_log.write(batch, trainer.step)

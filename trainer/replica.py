@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import cast
@@ -160,6 +161,19 @@ class Trainer:
         RocksDB while that one trains. The results of `learn` do not depend on it."""
         self.table.prefetch(np.concatenate([batch.ids.reshape(-1)] + [ids for _, ids in batch.lists]))
 
+    def learn_round(self, batch: Batch | None, k: int) -> np.ndarray | None:
+        """This replica's part of one learning round, by the group's layout: rows sharded over the
+        node (`learn_sharded`), synchronous data parallel (k = 0: `learn_sync`), or a local step
+        merged every k rounds (`learn`; `merge` is separate). The sharded and synchronous steps are
+        collectives: every replica takes them, with or without a batch. Returns this replica's
+        predictions (B,) made before the update (None without a batch). The loop and `bench merge`
+        both learn through here."""
+        if self.sharded:
+            return self.learn_sharded(batch)[0]
+        if k == 0:
+            return self.learn_sync(batch)[0]
+        return self.learn(batch).probs if batch is not None else None
+
     def learn(self, batch: Batch) -> StepResult:
         """One local step (score first, then learn); merges are separate (`merge`)."""
         started = time.perf_counter()
@@ -198,31 +212,17 @@ class Trainer:
         With the wide part per event, each replica runs its own batch's events through the wide
         weights and the rows take the average of the replicas' changes (sent with the gradients).
         Returns this replica's predictions (B,) made before the update (None without a batch)."""
-        started = time.perf_counter()
-        self.step += 1
-        self._set_lr()
-        self.optimizer.zero_grad(set_to_none=True)
-        per_event = self._wide_optim()
-        ids, grad, probs = np.zeros(0, dtype=np.int64), self._no_row_grads(), None
-        if batch is not None:
-            result, lookup, grad, wide = backward(
-                self.model, self.optimizer, self.table, batch.to(self.device), per_event, self.step
-            )
-            grad = self._with_wide_changes(grad, lookup, wide)
-            ids = lookup.unique_ids
-            self.table.count_sightings(lookup)
-            probs = result.probs
-        comm_started = time.perf_counter()
-        dense_bytes = average_grads(self.model) + average_buffers(self.model)
-        self.optimizer.step()
-        union, avg_grad, sparse_bytes = average_row_grads(self.table, ids, grad)
-        sparse_bytes += share_sightings(self.table)
-        self.table.apply_grad(union, avg_grad, self.step)
-        stats = MergeStats(dense_bytes, sparse_bytes, len(union), time.perf_counter() - comm_started)
-        self._count(stats, merge=False)
-        if batch is not None and probs is not None:
-            self._record(batch, probs, started)
-        return probs, stats
+
+        def rows_step(lookup: Lookup | None, grad: torch.Tensor) -> tuple[int, int]:
+            ids = lookup.unique_ids if lookup is not None else np.zeros(0, dtype=np.int64)
+            if lookup is not None:
+                self.table.count_sightings(lookup)
+            union, avg_grad, sparse_bytes = average_row_grads(self.table, ids, grad)
+            sparse_bytes += share_sightings(self.table)
+            self.table.apply_grad(union, avg_grad, self.step)
+            return len(union), sparse_bytes
+
+        return self._synchronous_step(batch, self.table, None, rows_step)
 
     def _wide_optim(self) -> SparseOptimConfig | None:
         """The rows' optimizer when the ids' wide weights learn per event (backward's wide_optim), else None."""
@@ -245,26 +245,43 @@ class Trainer:
         stores and updates only the ids it owns, rows and gradients travel by all_to_all); equal
         to `learn_sync` on the same batches. A replica without a batch this round takes part with
         no ids. Collective. Returns this replica's predictions (B,) made before the update."""
+        sent_before = self.shards.bytes_sent
+
+        def rows_step(lookup: Lookup | None, grad: torch.Tensor) -> tuple[int, int]:
+            rows = self.shards.apply_grads(grad, self.step)
+            return rows, self.shards.bytes_sent - sent_before
+
+        return self._synchronous_step(batch, self.shards, self.node_group, rows_step)
+
+    def _synchronous_step(
+        self,
+        batch: Batch | None,
+        rows: EmbeddingTable | ShardedTable,
+        group: Group,
+        rows_step: Callable[[Lookup | None, torch.Tensor], tuple[int, int]],
+    ) -> tuple[np.ndarray | None, MergeStats]:
+        """The step learn_sync and learn_sharded share: backward on this replica's batch (rows
+        looked up in `rows`; no batch: no ids, still taking part in the lookup's collectives), the
+        dense gradients and buffers averaged over `group`, the dense optimizer's step, then
+        `rows_step(lookup, row grads)` -> (rows updated, bytes it sent)."""
         started = time.perf_counter()
         self.step += 1
         self._set_lr()
         self.optimizer.zero_grad(set_to_none=True)
-        sent_before, probs = self.shards.bytes_sent, None
-        per_event = self._wide_optim()
+        lookup, grad, probs = None, self._no_row_grads(), None
         if batch is not None:
             result, lookup, grad, wide = backward(
-                self.model, self.optimizer, self.shards, batch.to(self.device), per_event, self.step
+                self.model, self.optimizer, rows, batch.to(self.device), self._wide_optim(), self.step
             )
             grad = self._with_wide_changes(grad, lookup, wide)
             probs = result.probs
-        else:
-            self.shards.lookup(np.zeros(0, dtype=np.int64))
-            grad = self._no_row_grads()
+        elif isinstance(rows, ShardedTable):
+            rows.lookup(np.zeros(0, dtype=np.int64))  # its all_to_all takes every rank
         comm_started = time.perf_counter()
-        dense_bytes = average_grads(self.model, self.node_group) + average_buffers(self.model, self.node_group)
+        dense_bytes = average_grads(self.model, group) + average_buffers(self.model, group)
         self.optimizer.step()
-        rows = self.shards.apply_grads(grad, self.step)
-        stats = MergeStats(dense_bytes, self.shards.bytes_sent - sent_before, rows, time.perf_counter() - comm_started)
+        updated, sparse_bytes = rows_step(lookup, grad)
+        stats = MergeStats(dense_bytes, sparse_bytes, updated, time.perf_counter() - comm_started)
         self._count(stats, merge=False)
         if batch is not None and probs is not None:
             self._record(batch, probs, started)
