@@ -125,6 +125,16 @@ def row_width(dim: int) -> int:
     return 3 * dim
 
 
+def row_dim(rows: torch.Tensor) -> int:
+    """The vector width of stored rows (u, 3*dim)."""
+    return rows.shape[1] // 3
+
+
+def vectors_of(rows: torch.Tensor, dim: int) -> torch.Tensor:
+    """rows (u, 3*dim) -> their vectors (u, dim): what the model reads (a view)."""
+    return rows[:, :dim]
+
+
 def split_rows(rows: torch.Tensor, dim: int) -> Block:
     """rows (u, 3*dim) -> (vector, state_a, state_b), each (u, dim) (views)."""
     return rows[:, :dim], rows[:, dim : 2 * dim], rows[:, 2 * dim :]

@@ -27,7 +27,7 @@ import torch
 from store.admission import AdmissionSketch
 from store.errors import StoreError
 from store.init import initial_vectors
-from store.sparse_optim import SparseOptimConfig, cowclip, row_width, sparse_step
+from store.sparse_optim import SparseOptimConfig, cowclip, row_width, sparse_step, vectors_of
 from store.sparse_optim import wide_columns as wide_columns_of
 from store.tier import Tier
 
@@ -124,7 +124,7 @@ class EmbeddingTable:
     def fresh_rows(self, ids: np.ndarray) -> torch.Tensor:
         """(n, tier width): initial vectors, zero optimizer state."""
         rows = torch.zeros((len(ids), self.tier.width), dtype=torch.float32)
-        rows[:, : self.dim] = initial_vectors(ids, self.dim, self.config.seed, self.config.init_std)
+        vectors_of(rows, self.dim)[:] = initial_vectors(ids, self.dim, self.config.seed, self.config.init_std)
         return rows
 
     def shared_rows(self) -> torch.Tensor:
@@ -138,7 +138,7 @@ class EmbeddingTable:
 
     def shared_vectors(self) -> torch.Tensor:
         """(F, dim): the current vector of each field's shared row."""
-        return self.shared_rows()[:, : self.dim]
+        return vectors_of(self.shared_rows(), self.dim)
 
     def lookup(self, ids: np.ndarray, device: torch.device | str = "cpu", columns: np.ndarray | None = None) -> Lookup:
         """ids int64 (n, F) -> the Lookup of their rows; or ids of any shape with `columns` (same
@@ -172,7 +172,7 @@ class EmbeddingTable:
                 rows[torch.from_numpy(fresh).to(rows.device)] = self.fresh_rows(unique[fresh]).to(rows.device)
             counts = np.bincount(inverse, minlength=len(unique))
             return self._finish(
-                unique, inverse, rows, rows[:, : self.dim], counts, np.zeros(0, np.int64), len(fresh), device
+                unique, inverse, rows, vectors_of(rows, self.dim), counts, np.zeros(0, np.int64), len(fresh), device
             )
         if columns is None:
             fields = 0 if self.shared_ids is None else len(self.shared_ids)
@@ -192,13 +192,15 @@ class EmbeddingTable:
         rows = rows.cpu()
         columns = np.zeros(len(unique), dtype=np.int64)
         columns[inverse] = field_of
-        vectors = rows[:, : self.dim].clone()
+        vectors = vectors_of(rows, self.dim).clone()
         missing = np.nonzero(~found)[0]
         if len(missing) == 0:
             counts = np.bincount(inverse, minlength=len(unique))
             return self._finish(unique, inverse, rows, vectors, counts, np.zeros(0, np.int64), 0, device)
         shared = self.shared_rows()  # (F, 3 * dim), read once: what unseen ids read and what waiting ids train
-        vectors[torch.from_numpy(missing)] = unseen_vectors(unique, found, columns, self.config, shared[:, : self.dim])
+        vectors[torch.from_numpy(missing)] = unseen_vectors(
+            unique, found, columns, self.config, vectors_of(shared, self.dim)
+        )
         if self.sketch is None:  # vectors only: nothing is learned, so there is nothing to admit
             admit = np.ones(len(missing), dtype=bool)
         else:
@@ -216,7 +218,7 @@ class EmbeddingTable:
         keep_t = torch.from_numpy(keep)
         all_ids = np.concatenate([unique[keep], self.shared_ids[used_fields]])
         all_rows = torch.cat([rows[keep_t], shared_rows])
-        all_vectors = torch.cat([vectors[keep_t], shared_rows[:, : self.dim]])
+        all_vectors = torch.cat([vectors[keep_t], vectors_of(shared_rows, self.dim)])
         new_inverse = target[inverse]
         counts = np.bincount(new_inverse, minlength=len(all_ids))
         return self._finish(all_ids, new_inverse, all_rows, all_vectors, counts, unique[waiting], len(new), device)
@@ -251,7 +253,7 @@ class EmbeddingTable:
             raise StoreError(
                 "EmbeddingTable.update: this table holds vectors only (a served snapshot); it cannot learn"
             )
-        grad = cowclip(grad, lookup.rows[:, : self.dim], lookup.counts, self.config.optim)
+        grad = cowclip(grad, vectors_of(lookup.rows, self.dim), lookup.counts, self.config.optim)
         new_rows = sparse_step(lookup.rows, grad, step, self.config.optim).detach()
         if wide_columns is not None:
             new_rows[:, wide_columns_of(self.dim)] = wide_columns

@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from store.placement import shard_of
 from store.ram import RamTier
-from store.sparse_optim import wide_columns
+from store.sparse_optim import row_width, vectors_of, wide_columns
 from store.table import EmbeddingTable, Lookup
 from trainer.errors import TrainerError
 from trainer.merge import Group, alone, comm_device
@@ -111,13 +111,13 @@ class ShardedTable:
         self.bytes_sent += sent + sent_back
         got = torch.zeros((len(unique), answer.shape[1]))
         got[torch.from_numpy(order)] = torch.cat(answers) if answers else got[:0]
-        vectors = got[:, : self.dim]
+        vectors = vectors_of(got, self.dim)
         # the rows themselves stay with their owners (step 4 updates them there); what a step reads
         # of them: the vectors, plus the wide column's states when it learns per event (zeros elsewhere)
         held_rows = vectors
         if self.per_event:
-            held_rows = torch.zeros((len(unique), 3 * self.dim))
-            held_rows[:, : self.dim] = vectors
+            held_rows = torch.zeros((len(unique), row_width(self.dim)))
+            vectors_of(held_rows, self.dim)[:] = vectors
             held_rows[:, wide_columns(self.dim)[1:]] = got[:, self.dim :]
         self.route = Route(order, counts, served)
         counts_per_id = torch.from_numpy(np.bincount(inverse.reshape(-1), minlength=len(unique)))

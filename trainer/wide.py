@@ -19,7 +19,7 @@ same rows (tests/test_wide.py). The rest of the model keeps the batch's own grad
 the weights it read (trainer/step.py says why).
 
 Shapes: logits (B,), labels (B,); an occurrence is one (event, row) pair: starts (B + 1,) into
-rows_of (n,) and weights (n,); rows (u, 3 * dim) as the lookup read them.
+rows_of (n,) and weights (n,); rows (u, 3 * dim) as the lookup read them (store/sparse_optim.py: the row layout).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import numba
 import numpy as np
 import torch
 
-from store.sparse_optim import SparseOptimConfig, wide_columns
+from store.sparse_optim import SparseOptimConfig, row_dim, wide_columns
 from store.table import Lookup
 from trainer.batch import Batch
 
@@ -76,7 +76,7 @@ def learn_wide(
     """Run the batch's events in order through the wide weights (see the module docstring).
     Pure: the lookup's rows are read, not changed. `step` (1-based) is Adam's bias correction."""
     # a GPU sync point: the pass runs on the host, over B logits and the touched rows' 3 columns
-    columns = lookup.rows[:, wide_columns(lookup.rows.shape[1] // 3)].double().cpu().numpy().copy()
+    columns = lookup.rows[:, wide_columns(row_dim(lookup.rows))].double().cpu().numpy().copy()
     starts, rows_of, weights = occurrences(batch, list_pooling, lookup.inverse.cpu().numpy())
     shift = _wide_pass(
         logits.detach().double().cpu().numpy(),
