@@ -267,3 +267,13 @@ def test_a_lone_synchronous_step_equals_a_local_step(optimizer, method, per_even
         np.testing.assert_allclose(probs, expected, atol=1e-6)
         assert stats.bytes == 0
     assert_states_close(state(sync), state(local))
+
+
+def test_an_average_over_touchers_counts_only_the_ranks_that_sent_a_row():
+    from trainer.merge import counted, touchers_mean
+
+    a = counted(torch.tensor([[2.0, 4.0]]), torch.tensor([0]), 3)  # rank a has row 0
+    b = counted(torch.tensor([[4.0, 8.0], [1.0, 1.0]]), torch.tensor([0, 2]), 3)  # rank b rows 0 and 2
+    mean, count = touchers_mean(a + b)
+    assert count.tolist() == [2.0, 0.0, 1.0]
+    assert mean.tolist() == [[3.0, 6.0], [0.0, 0.0], [1.0, 1.0]]  # row 1: no one sent it

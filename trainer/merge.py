@@ -141,6 +141,24 @@ def union_ids(ids: np.ndarray, group: Group = None) -> tuple[np.ndarray, int]:
     return np.unique(np.concatenate(parts)), sent
 
 
+def counted(rows: torch.Tensor, at: torch.Tensor, n: int) -> torch.Tensor:
+    """A rank's part of an average over the ranks that touched each row: rows (m, w) placed at
+    positions `at` (m,) of n, with a count column, 1 where this rank has a row: (n, w + 1). The
+    parts are summed over the ranks (all_reduce, or index_add at a shard's owner), then
+    `touchers_mean` divides each row by how many ranks sent it."""
+    payload = torch.zeros((n, rows.shape[1] + 1))
+    payload[at, :-1] = rows
+    payload[at, -1] = 1.0
+    return payload
+
+
+def touchers_mean(summed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed `counted` parts (n, w + 1) -> (each row's mean over the ranks that sent it (n, w),
+    how many did (n,)). A row no rank sent stays zero."""
+    count = summed[:, -1]
+    return summed[:, :-1] / count.clamp(min=1)[:, None], count
+
+
 def average_rows(table: EmbeddingTable, touched: np.ndarray, step: int, group: Group = None) -> tuple[int, int]:
     """Sparse half of a merge: rows written on any rank since the last merge (`touched`: this
     rank's, sorted unique), averaged over the ranks that wrote them, written back everywhere.
@@ -149,20 +167,18 @@ def average_rows(table: EmbeddingTable, touched: np.ndarray, step: int, group: G
     if len(union) == 0:
         return 0, sent
     mine = np.isin(union, touched, assume_unique=True)
-    payload = torch.zeros((len(union), table.tier.width + 1))
+    rows, held = torch.zeros((0, table.tier.width)), np.zeros(0, dtype=bool)
     if mine.any():
         rows, held = table.stored_rows(union[mine])
         mine[np.nonzero(mine)[0][~held]] = False  # written, then expired since: nothing to offer
-        payload[torch.from_numpy(np.nonzero(mine)[0]), :-1] = rows[torch.from_numpy(held)]
-    payload[:, -1] = torch.from_numpy(mine).float()
+    payload = counted(rows[torch.from_numpy(held)], torch.from_numpy(np.nonzero(mine)[0]), len(union))
     if not alone(group):
         payload = payload.to(comm_device())
         dist.all_reduce(payload, group=group)
         sent += payload.numel() * payload.element_size()
-    count = payload[:, -1:].cpu()
-    keep = (count[:, 0] > 0).numpy()  # a row every writer has since expired stays expired
-    merged = (payload[:, :-1].cpu() / count.clamp(min=1))[torch.from_numpy(keep)]
-    table.put(union[keep], merged, step)
+    merged, count = touchers_mean(payload.cpu())
+    keep = (count > 0).numpy()  # a row every writer has since expired stays expired
+    table.put(union[keep], merged[torch.from_numpy(keep)], step)
     return int(keep.sum()), sent
 
 
@@ -229,13 +245,9 @@ def average_row_grads(
     width = grad.shape[1]
     if len(union) == 0:
         return union, torch.zeros((0, width)), sent
-    where = torch.from_numpy(np.searchsorted(union, ids))
-    payload = torch.zeros((len(union), width + 1))
-    payload[where, :width] = grad.detach().cpu()
-    payload[where, -1] = 1.0
+    payload = counted(grad.detach().cpu(), torch.from_numpy(np.searchsorted(union, ids)), len(union))
     if not alone():
         payload = payload.to(comm_device())
         dist.all_reduce(payload)
         sent += payload.numel() * payload.element_size()
-    payload = payload.cpu()
-    return union, payload[:, :-1] / payload[:, -1:], sent
+    return union, touchers_mean(payload.cpu())[0], sent

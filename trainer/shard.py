@@ -38,7 +38,7 @@ from store.ram import RamTier
 from store.sparse_optim import row_width, vectors_of, wide_columns
 from store.table import EmbeddingTable, Lookup
 from trainer.errors import TrainerError
-from trainer.merge import Group, alone, comm_device
+from trainer.merge import Group, alone, comm_device, counted, touchers_mean
 
 
 def exchange(parts: list[torch.Tensor], group: Group = None) -> tuple[list[torch.Tensor], int]:
@@ -150,7 +150,7 @@ class ShardedTable:
             raise TrainerError("ShardedTable.apply_grads: no lookup to apply gradients to; call lookup first")
         self.route = None
         grad = grad.detach().cpu()
-        payload = torch.cat([grad[torch.from_numpy(route.order)], torch.ones((len(grad), 1))], dim=1)
+        payload = counted(grad[torch.from_numpy(route.order)], torch.arange(len(grad)), len(grad))
         received, sent = exchange(list(payload.split(route.counts)), self.group)
         self.bytes_sent += sent
         ids = np.concatenate(route.served) if route.served else np.zeros(0, np.int64)
@@ -159,7 +159,7 @@ class ShardedTable:
         union, where = np.unique(ids, return_inverse=True)
         summed = torch.zeros((len(union), grad.shape[1] + 1))
         summed.index_add_(0, torch.from_numpy(where), torch.cat(received))
-        self.local.apply_grad(union, summed[:, :-1] / summed[:, -1:], step)
+        self.local.apply_grad(union, touchers_mean(summed)[0], step)
         self.local.mark_touched(union)  # what a k-step merge between nodes averages
         return len(union)
 
