@@ -34,8 +34,8 @@ from stream.settings import KafkaSettings
 from trainer.configs import store_path
 from trainer.group import Control, in_group, local_gpu
 from trainer.metrics import ProgressiveMetrics, merged_summary
-from trainer.publish import send_delta, take_snapshot
 from trainer.replica import Trainer
+from trainer.rounds import send_delta, take_snapshot
 from trainer.schedule import LoopState, Round, Schedule, decide
 from trainer.settings import MlflowSettings, TrainerSettings
 from trainer.snapshot import check_writable, latest_snapshot
