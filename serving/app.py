@@ -104,6 +104,53 @@ class ModelHolder:
         self.current: ServedModel | None = None
         self.last_error: str | None = None
 
+    def swap(self, model: ServedModel) -> None:
+        """Serve `model` from now on (one reference assignment: requests in flight keep theirs),
+        and say so: the swap and delta counters, the served model's gauges, one line per version."""
+        before = self.current
+        self.current = model
+        self.last_error = None
+        SWAPS.inc()
+        applied_before = before.sequence if before is not None and before.version == model.version else 0
+        DELTAS.inc(model.sequence - applied_before)
+        for name, value in model.manifest.metrics.items():
+            MODEL_METRICS.labels(name).set(value)
+        for name, value in served_fields(model).items():
+            SERVED.labels(name).set(value)
+        if before is None or before.version != model.version:  # the operator sees what is served
+            m = model.manifest
+            print(
+                f"serving: now serving version {model.version} (step {m.step}, schema {m.schema_name} {m.schema_hash})",
+                flush=True,
+            )
+
+    def refuse(self, exc: Exception) -> None:
+        """A publication refused (or the registry away): the model stays; logged and counted."""
+        self.last_error = str(exc)
+        REFUSED.inc()
+        version = self.current.version if self.current else None
+        log.error("model refresh failed, still serving version %s: %s", version, exc)
+
+    def info(self) -> dict[str, Any]:
+        """What GET /model says of the served model (it must be loaded)."""
+        assert self.current is not None
+        m = self.current.manifest
+        return {
+            "model_version": self.current.version,
+            "schema_hash": m.schema_hash,
+            "schema_name": m.schema_name,
+            "step": m.step,
+            "events": m.events,
+            # a metric not measured yet is NaN (no final label yet, one class only): JSON has no NaN, so null
+            "metrics": {k: (v if math.isfinite(v) else None) for k, v in m.metrics.items()},
+            "offsets": m.offsets,
+            "kind": m.kind,
+            "newest_event_ms": m.newest_event_ms,  # the newest event time the served model learned
+            "base_step": m.base_step,  # the step of the base publication served
+            "sequence": m.sequence,  # the last delta applied after that base (0: the base alone)
+            "last_error": self.last_error,  # the last refused publication, if any
+        }
+
 
 def registry_fetch(tracking_uri: str, model_name: str, settings: ServingSettings, schema: Schema) -> Fetch:
     """serving/follow.py's Follower over the MLflow registry: bases loaded from the download
@@ -145,29 +192,10 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> FastA
         try:
             model = await asyncio.to_thread(fetch, holder.current)
         except Exception as exc:  # a bad publication or a registry hiccup must not kill the server
-            holder.last_error = str(exc)
-            REFUSED.inc()
-            version = holder.current.version if holder.current else None
-            log.error("model refresh failed, still serving version %s: %s", version, exc)
+            holder.refuse(exc)
             return
         if model is not None:
-            before = holder.current
-            holder.current = model  # the swap: one reference assignment
-            holder.last_error = None
-            SWAPS.inc()
-            applied_before = before.sequence if before is not None and before.version == model.version else 0
-            DELTAS.inc(model.sequence - applied_before)
-            for name, value in model.manifest.metrics.items():
-                MODEL_METRICS.labels(name).set(value)
-            for name, value in served_fields(model).items():
-                SERVED.labels(name).set(value)
-            if before is None or before.version != model.version:  # the operator sees what is served
-                m = model.manifest
-                print(
-                    f"serving: now serving version {model.version} "
-                    f"(step {m.step}, schema {m.schema_name} {m.schema_hash})",
-                    flush=True,
-                )
+            holder.swap(model)
 
     async def poll() -> None:
         while True:
@@ -211,25 +239,7 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> FastA
     def model_info(h: ModelHolder = Depends(get_holder)) -> Response:
         if h.current is None:
             return JSONResponse({"detail": "no model loaded yet", "last_error": h.last_error}, status_code=503)
-        m = h.current.manifest
-        return JSONResponse(
-            {
-                "model_version": h.current.version,
-                "schema_hash": m.schema_hash,
-                "schema_name": m.schema_name,
-                "step": m.step,
-                "events": m.events,
-                # a metric not measured yet is NaN (no final label yet, one class only): JSON has no
-                # NaN, so it is null here
-                "metrics": {k: (v if math.isfinite(v) else None) for k, v in m.metrics.items()},
-                "offsets": m.offsets,
-                "kind": m.kind,
-                "newest_event_ms": m.newest_event_ms,  # the newest event time the served model learned
-                "base_step": m.base_step,  # the step of the base publication served
-                "sequence": m.sequence,  # the last delta applied after that base (0: the base alone)
-                "last_error": h.last_error,  # the last refused publication, if any
-            }
-        )
+        return JSONResponse(h.info())
 
     @app.post("/predict", dependencies=[Depends(authorized)])
     async def predict(request: Request, h: ModelHolder = Depends(get_holder)) -> Response:
