@@ -188,3 +188,25 @@ def test_old_recovery_snapshots_are_pruned_to_keep(schema, tmp_path):
     deleted = prune_snapshots(tmp_path, keep=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000000004", "step-000000005"]
     assert len(deleted) == 3 and latest_snapshot(tmp_path).name == "step-000000005"
+
+
+def test_a_rows_file_names_its_optimizer_state_blocks_for_what_they_are_and_old_names_still_load(schema, tmp_path):
+    """A row's two state blocks hold FTRL's z and n by default, not Adam's moments: the rows file
+    says state_a / state_b; a snapshot written under the old names (exp_avg, exp_avg_sq) resumes."""
+    from safetensors.torch import load_file, save_file
+
+    trainer = trained_trainer(schema)
+    path = trainer.save(tmp_path)
+    file = path / "embeddings.safetensors"
+    tensors = load_file(file)
+    assert {"ids", "vectors", "state_a", "state_b"} == set(tensors)
+    ids, rows = trainer.table.export()
+    fresh = EmbeddingTable(RamTier(3 * trainer.table_config.dim, 1 << 26), trainer.table_config)
+    load_snapshot(path, fresh)
+    assert torch.equal(fresh.export()[1], rows)
+    old = {"ids": tensors["ids"], "vectors": tensors["vectors"]}
+    old |= {"exp_avg": tensors["state_a"], "exp_avg_sq": tensors["state_b"]}
+    save_file(old, file)
+    older = EmbeddingTable(RamTier(3 * trainer.table_config.dim, 1 << 26), trainer.table_config)
+    load_snapshot(path, older)
+    assert torch.equal(older.export()[1], rows) and np.array_equal(older.export()[0], ids)

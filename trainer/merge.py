@@ -5,7 +5,7 @@ k-step merging (Baidu's ads trainers): each replica runs Adam locally; every k s
   - dense: every parameter and Adam's exp_avg / exp_avg_sq are averaged over the replicas
     (all-reduce, bucketed into a few large messages); step counts are set to the maximum;
   - sparse: the ids each replica wrote since the last merge are gathered into their union U;
-    every replica sends, for each id of U, its row [vector | exp_avg | exp_avg_sq] and a 1 if it
+    every replica sends, for each id of U, its row [vector | state_a | state_b] and a 1 if it
     updated the row since the last merge (0 and zeros if not); the sums divided by the counts
     are the merged rows, written back into every replica's store. Only rows of U travel.
 A row is averaged over the replicas holding a *new* version of it: those that updated it. A

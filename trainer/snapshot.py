@@ -12,9 +12,11 @@ applies deltas in order, in place (serving/loader.py). Files:
                              batches-topic offsets consumed, metrics, file list
     dense.safetensors        CtrModel state_dict
     optimizer.safetensors    the dense Adam state, flattened ("<param index>.<key>")
-    embeddings.safetensors   ids int64 (n,), vectors float32 (n, E+1), exp_avg, exp_avg_sq (n, E+1)
+    embeddings.safetensors   ids int64 (n,), vectors float32 (n, E+1), state_a, state_b (n, E+1)
                              (the two optimizer-state blocks of each row, whatever the sparse
-                             optimizer keeps there: see store/sparse_optim.py); with rows sharded
+                             optimizer keeps there: FTRL's z and n, Adagrad's sum, Adam's moments,
+                             see store/sparse_optim.py; snapshots written before 2026-12-05 name them
+                             exp_avg and exp_avg_sq, and still load); with rows sharded
                              over a node's N ranks, one file per rank instead, each written by
                              its owner (embeddings-RRRRR-of-NNNNN.safetensors, manifest.shards = N),
                              so no rank ever holds the whole table
@@ -103,6 +105,17 @@ def rows_file(shard: int = 0, shards: int = 1) -> str:
     return EMBEDDINGS if shards <= 1 else f"embeddings-{shard:05d}-of-{shards:05d}.safetensors"
 
 
+STATE_A, STATE_B = "state_a", "state_b"  # a row's two optimizer-state blocks in a rows file
+_OLD_STATE_NAMES = ("exp_avg", "exp_avg_sq")  # their names before 2026-12-05 (they held FTRL's z and n too)
+
+
+def _row_states(tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A rows file's two optimizer-state blocks, under today's names or the old ones."""
+    if STATE_A in tensors:
+        return tensors[STATE_A], tensors[STATE_B]
+    return tensors[_OLD_STATE_NAMES[0]], tensors[_OLD_STATE_NAMES[1]]
+
+
 def write_rows(path: str | Path, table: EmbeddingTable, vectors_only: bool, shard: int = 0, shards: int = 1) -> None:
     """Every row `table` holds into the folder's rows file (shard `shard` of `shards`): ids and
     vectors, and for a recovery snapshot (vectors_only False) the optimizer state too."""
@@ -112,7 +125,7 @@ def write_rows(path: str | Path, table: EmbeddingTable, vectors_only: bool, shar
     vectors, state_a, state_b = split_rows(rows, table.dim)
     tensors = {"ids": torch.from_numpy(ids), "vectors": vectors.contiguous()}
     if not vectors_only:
-        tensors |= {"exp_avg": state_a.contiguous(), "exp_avg_sq": state_b.contiguous()}
+        tensors |= {STATE_A: state_a.contiguous(), STATE_B: state_b.contiguous()}
     save_file(tensors, path / rows_file(shard, shards))
 
 
@@ -289,7 +302,7 @@ def load_snapshot(
         )
     for emb in read_rows_files(path):  # file by file: with `keep`, only a share is ever held
         ids = emb["ids"].numpy().astype(np.int64)
-        rows = join_rows(emb["vectors"], emb["exp_avg"], emb["exp_avg_sq"])
+        rows = join_rows(emb["vectors"], *_row_states(emb))
         if keep is not None:
             mask = keep(ids)
             ids, rows = ids[mask], rows[torch.from_numpy(mask)]
