@@ -145,6 +145,18 @@ def wide_columns(dim: int) -> list[int]:
     return [dim - 1, 2 * dim - 1, 3 * dim - 1]
 
 
+def row_grads(grad: torch.Tensor, wide_changes: torch.Tensor | None) -> torch.Tensor:
+    """A row gradient as it travels between replicas and to a shard's owner: grad (u, dim), and
+    with the wide column learned per event (trainer/wide.py) its (w, state_a, state_b) changes
+    (u, 3) beside it: (u, dim) or (u, dim + 3). Averaged over the ranks like any row."""
+    return grad if wide_changes is None else torch.cat([grad, wide_changes], dim=1)
+
+
+def split_row_grads(packed: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The inverse of row_grads: (u, dim [+ 3]) -> (grad (u, dim), wide changes (u, 3) or None)."""
+    return packed[:, :dim], (packed[:, dim:] if packed.shape[1] > dim else None)
+
+
 def join_rows(vector: torch.Tensor, state_a: torch.Tensor, state_b: torch.Tensor) -> torch.Tensor:
     """The inverse of split_rows: (u, dim) x 3 -> (u, 3*dim)."""
     return torch.cat([vector, state_a, state_b], dim=1)

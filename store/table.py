@@ -27,7 +27,7 @@ import torch
 from store.admission import AdmissionSketch
 from store.errors import StoreError
 from store.init import initial_vectors
-from store.sparse_optim import SparseOptimConfig, cowclip, row_width, sparse_step, vectors_of
+from store.sparse_optim import SparseOptimConfig, cowclip, row_width, sparse_step, split_row_grads, vectors_of
 from store.sparse_optim import wide_columns as wide_columns_of
 from store.tier import Tier
 
@@ -313,17 +313,17 @@ class EmbeddingTable:
     def apply_grad(self, ids: np.ndarray, grad: torch.Tensor, step: int) -> None:
         """One optimizer step on rows for unique ids with grad (n, dim) (synchronous data parallel:
         every replica applies the same averaged gradient). Unseen ids start from their initial row.
-        grad (n, dim + 3): its last 3 columns are the wide column's (w, state_a, state_b) changes,
-        learned event by event (trainer/wide.py) and averaged; they replace the step's own."""
+        grad (n, dim + 3): with the wide column's (w, state_a, state_b) changes, learned event by
+        event (trainer/wide.py) and averaged (sparse_optim.row_grads); they replace the step's own."""
         rows, held = self.stored_rows(ids)
         if not held.all():
             fresh = np.nonzero(~held)[0]
             rows[torch.from_numpy(fresh)] = self.fresh_rows(ids[fresh])
-        grad = grad.cpu()
-        new_rows = sparse_step(rows, grad[:, : self.dim], step, self.config.optim).detach()
-        if grad.shape[1] > self.dim:
+        grad, wide_changes = split_row_grads(grad.cpu(), self.dim)
+        new_rows = sparse_step(rows, grad, step, self.config.optim).detach()
+        if wide_changes is not None:
             wide = wide_columns_of(self.dim)
-            new_rows[:, wide] = rows[:, wide] + grad[:, self.dim :]
+            new_rows[:, wide] = rows[:, wide] + wide_changes
         self.put(ids, new_rows, step)
 
     def expire_cold(self) -> int:

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from prometheus_client import Counter
 
-from store.sparse_optim import SparseOptimConfig, row_width, wide_columns
+from store.sparse_optim import SparseOptimConfig, row_grads, row_width, wide_columns
 from store.table import EmbeddingTable, Lookup
 from stream.featurize import shared_ids
 from stream.schema import Schema
@@ -234,11 +234,10 @@ class Trainer:
         return torch.zeros((0, self.table.dim + (3 if self._wide_optim() else 0)))
 
     def _with_wide_changes(self, grad: torch.Tensor, lookup: Lookup, wide: WideUpdate | None) -> torch.Tensor:
-        """Row gradients (u, dim) -> (u, dim + 3) with the wide columns' per-event changes, which
-        travel (and are averaged over the replicas) with them; unchanged without the per-event part."""
-        if wide is None:
-            return grad
-        return torch.cat([grad, wide.columns - lookup.rows[:, wide_columns(self.table.dim)]], dim=1)
+        """Row gradients (u, dim) with the wide columns' per-event changes beside them
+        (sparse_optim.row_grads), which travel and are averaged over the replicas with them."""
+        changes = None if wide is None else wide.columns - lookup.rows[:, wide_columns(self.table.dim)]
+        return row_grads(grad, changes)
 
     def learn_sharded(self, batch: Batch | None) -> tuple[np.ndarray | None, MergeStats]:
         """A synchronous step with the rows sharded over the node's ranks (trainer/shard.py: each rank
