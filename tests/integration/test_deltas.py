@@ -39,11 +39,11 @@ def served_base(config: Config, tmp_path: Path, run_name: str):
 
 
 def test_serving_follows_base_and_deltas_and_refuses_a_gap(isolated: Config, tmp_path: Path, monkeypatch):
-    import serving.app
+    import serving.registry
 
     listings = []  # a quiet poll is one registry call: the deltas folder is listed only when the tag moved
-    real_list_deltas = serving.app.list_deltas
-    monkeypatch.setattr(serving.app, "list_deltas", lambda *a: listings.append(a) or real_list_deltas(*a))
+    real_list_deltas = serving.registry.list_deltas
+    monkeypatch.setattr(serving.registry, "list_deltas", lambda *a: listings.append(a) or real_list_deltas(*a))
     schema, trainer, publisher, fetch, served = served_base(isolated, tmp_path, "deltas")
     version = served.version
     assert fetch(served) is None and not listings  # nothing newer, and the version's tag said so
