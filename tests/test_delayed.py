@@ -20,14 +20,9 @@ def test_fnw_equals_a_hand_computation():
     expected = -(
         (1 + p[0]) * math.log(p[0]) + (1 - p[1]) * (1 + p[1]) * math.log(1 - p[1]) + (1 + p[2]) * math.log(p[2])
     )
-    # per impression: one label-0 event (a first emission) in the batch, two positive copies
-    assert math.isclose(float(fn_weighted_logloss(logits, labels)), expected / 1, rel_tol=1e-6)
-    two = torch.tensor([1.0, 0.0, 0.0])
-    assert math.isclose(
-        float(fn_weighted_logloss(logits, two)),
-        -((1 + p[0]) * math.log(p[0]) + sum((1 - q) * (1 + q) * math.log(1 - q) for q in p[1:])) / 2,
-        rel_tol=1e-6,
-    )
+    # per impression: the mean over the events, times the 1 + p events an impression brings on average
+    per_impression = 1 + sum(p) / 3
+    assert math.isclose(float(fn_weighted_logloss(logits, labels)), expected / 3 * per_impression, rel_tol=1e-6)
     torch.testing.assert_close(fn_weights(logits, labels), torch.tensor([1 + p[0], (1 - p[1]) * (1 + p[1]), 1 + p[2]]))
 
 
@@ -37,7 +32,8 @@ def test_fnw_weights_are_constants_for_the_gradient():
     fn_weighted_logloss(logits, labels).backward()
     p = torch.sigmoid(logits.detach())
     weights = fn_weights(logits, labels)
-    torch.testing.assert_close(logits.grad, weights * (p - labels) / 1)  # d/dz of w * BCE with w held; 1 impression
+    # d/dz of w * BCE, w and the per-impression factor held
+    torch.testing.assert_close(logits.grad, weights * (p - labels) / 2 * (1 + p.mean()))
 
 
 def test_under_fake_negative_labels_fnw_expects_the_true_logloss_and_fnc_recovers_p():
@@ -46,7 +42,9 @@ def test_under_fake_negative_labels_fnw_expects_the_true_logloss_and_fnc_recover
         z = torch.tensor([math.log(p / (1 - p))])  # a model that predicts the true p
         biased = b * fn_weighted_logloss(z, torch.ones(1)) + (1 - b) * fn_weighted_logloss(z, torch.zeros(1))
         true = -(p * math.log(p) + (1 - p) * math.log(1 - p))
-        assert math.isclose(float(biased), true, rel_tol=1e-5)  # per event seen, the true labels' logloss
+        # per event seen, the true labels' logloss (Ktena et al.), scaled by the 1 + p events each
+        # impression comes as: per impression, the true labels' logloss
+        assert math.isclose(float(biased), true * (1 + p), rel_tol=1e-5)
         assert math.isclose(float(fn_calibrated(torch.tensor([b]))), p, rel_tol=1e-5)
     assert float(fn_calibrated(torch.tensor([0.9]))) == 1.0  # clipped
 
