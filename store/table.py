@@ -110,6 +110,10 @@ class EmbeddingTable:
         self.sketch = AdmissionSketch(config.admission_bytes, config.seed) if admitting else None
         self.admissions = 0
         self._touched: list[np.ndarray] = []  # ids written since the last take_touched() (replica merges)
+        # with keep_anchors(): each touched row as it was before its first write since the last
+        # take_anchors() (a merge that sums the replicas' changes needs where they started from)
+        self._anchors: list[tuple[np.ndarray, torch.Tensor]] | None = None
+        self._anchored = np.zeros(0, dtype=np.int64)  # sorted ids with an anchor
         self._changed: list[np.ndarray] = []  # ids written or merged since the last take_changed() (deltas)
         self._sighted: list[np.ndarray] = []  # ids counted by the sketch since the last take_sighted()
         self._next_ids: np.ndarray | None = None  # the coming batch's ids, prefetched after the next lookup
@@ -258,6 +262,8 @@ class EmbeddingTable:
         if wide_columns is not None:
             new_rows[:, wide_columns_of(self.dim)] = wide_columns
         self.count_sightings(lookup)
+        if self._anchors is not None:
+            self._anchor(lookup.unique_ids, lookup.rows)
         self.tier.write(lookup.unique_ids, new_rows, step=step)
         self._touched.append(lookup.unique_ids)
         self._changed.append(lookup.unique_ids)
@@ -273,6 +279,33 @@ class EmbeddingTable:
     def mark_touched(self, ids: np.ndarray) -> None:
         """Record rows written outside `update` (a shard owner's step) for the next merge."""
         self._touched.append(ids)
+
+    def keep_anchors(self) -> None:
+        """From now on keep each touched row as it was before its first write since the last
+        take_anchors (trainer.group.row_merge "deltas": trainer/merge.py adds up the replicas'
+        changes on the row they started from)."""
+        self._anchors = []
+
+    def _anchor(self, ids: np.ndarray, rows: torch.Tensor) -> None:
+        first = ~np.isin(ids, self._anchored, assume_unique=True)
+        if first.any():
+            assert self._anchors is not None
+            self._anchors.append((ids[first], rows[torch.from_numpy(first).to(rows.device)].detach().cpu().clone()))
+            self._anchored = np.union1d(self._anchored, ids[first])
+
+    def take_anchors(self, ids: np.ndarray) -> torch.Tensor:
+        """The anchors of unique ids (each must have one) (n, 3*dim); forgets every anchor."""
+        assert self._anchors is not None
+        if not self._anchors:
+            return torch.zeros((0, row_width(self.dim)))
+        held = np.concatenate([i for i, _ in self._anchors])
+        rows = torch.cat([r for _, r in self._anchors])
+        order = np.argsort(held)
+        at = order[np.minimum(np.searchsorted(held, ids, sorter=order), len(held) - 1)]
+        if not np.array_equal(held[at], ids):
+            raise StoreError("EmbeddingTable.take_anchors: rows written outside update() have no anchor")
+        self._anchors, self._anchored = [], np.zeros(0, dtype=np.int64)
+        return rows[torch.from_numpy(at)]
 
     def take_touched(self) -> np.ndarray:
         """Unique ids (sorted) of the rows written since the last call; resets the record."""

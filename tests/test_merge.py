@@ -97,6 +97,18 @@ def merge_every_step_vs_sync(optimizer: str, per_event: bool = False) -> tuple[d
     return state(merging), state(syncing)
 
 
+def deltas_same_batch(sparse: str, power: float) -> dict:
+    from dataclasses import replace
+
+    from trainer.settings import GroupSettings
+
+    group = GroupSettings(row_merge="deltas", row_deltas_power=power)
+    trainer = Trainer(load_schema("criteo"), replace(settings("sgd", sparse), group=group))
+    trainer.learn(make_batches(seed=3, steps=1)[0])
+    trainer.merge()
+    return state(trainer)
+
+
 def same_batches(k: int, sparse: str) -> dict:
     trainer = Trainer(load_schema("criteo"), settings("adam", sparse, per_event=True))
     for i, batch in enumerate(make_batches(seed=7, steps=6), start=1):
@@ -277,3 +289,39 @@ def test_an_average_over_touchers_counts_only_the_ranks_that_sent_a_row():
     mean, count = touchers_mean(a + b)
     assert count.tolist() == [2.0, 0.0, 1.0]
     assert mean.tolist() == [[3.0, 6.0], [0.0, 0.0], [1.0, 1.0]]  # row 1: no one sent it
+
+
+@pytest.mark.parametrize("power", [0.0, 0.5])
+@pytest.mark.parametrize("sparse", ["sgd", "ftrl"])
+def test_the_deltas_rule_adds_the_replicas_changes_to_the_row_they_started_from(sparse, power):
+    """Two replicas learn the same batch from the same start: under row_merge "deltas" each row
+    moves by the sum of both changes / 2^power (power 0: both changes; the mean would be one);
+    FTRL's weights follow its merged z and n."""
+    from store.sparse_optim import column_lr, ftrl_weights, join_rows, split_rows
+
+    replicas = launch_local(deltas_same_batch, 2, sparse, power)
+    alone = Trainer(load_schema("criteo"), settings("sgd", sparse))
+    alone.learn(make_batches(seed=3, steps=1)[0])
+    ids, rows = alone.table.export()
+    start = alone.table.fresh_rows(ids)  # every row is new: it started from its initial row
+    expected = start + 2 ** (1 - power) * (rows - start)
+    if sparse == "ftrl":
+        cfg, dim = alone.table.config.optim, alone.table.dim
+        _, z, n = split_rows(expected, dim)
+        weights = ftrl_weights(z, (n + cfg.initial_accumulator).sqrt(), column_lr(cfg, dim), cfg)
+        expected = join_rows(weights, z, n)
+    for replica in replicas:
+        np.testing.assert_array_equal(replica["ids"], ids)
+        np.testing.assert_allclose(replica["rows"], expected.numpy(), rtol=1e-5, atol=1e-6)
+        assert not np.allclose(replica["rows"], rows.numpy())  # not the mean: that is one replica's rows
+
+
+def test_the_deltas_rule_refuses_sharded_rows():
+    from dataclasses import replace
+
+    from trainer.errors import TrainerError
+    from trainer.settings import GroupSettings
+
+    wanted = replace(settings("sgd"), group=GroupSettings(row_merge="deltas"), shard_within_node=True)
+    with pytest.raises(TrainerError, match="row_merge='deltas'"):
+        Trainer(load_schema("criteo"), wanted)

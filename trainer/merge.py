@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from store.sparse_optim import column_lr, ftrl_weights, join_rows, split_rows
 from store.table import EmbeddingTable
 
 BUCKET_BYTES = 16 << 20  # dense all-reduce message size: few large messages, bounded extra memory
@@ -159,27 +160,55 @@ def touchers_mean(summed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return summed[:, :-1] / count.clamp(min=1)[:, None], count
 
 
-def average_rows(table: EmbeddingTable, touched: np.ndarray, step: int, group: Group = None) -> tuple[int, int]:
+def average_rows(
+    table: EmbeddingTable, touched: np.ndarray, step: int, group: Group = None, deltas_power: float | None = None
+) -> tuple[int, int]:
     """Sparse half of a merge: rows written on any rank since the last merge (`touched`: this
-    rank's, sorted unique), averaged over the ranks that wrote them, written back everywhere.
-    Returns (rows merged, bytes sent)."""
+    rank's, sorted unique), merged over the ranks that wrote them, written back everywhere.
+    deltas_power None (trainer.group.row_merge "mean"): each row the mean of the writers' rows.
+    A number a (row_merge "deltas"): the row the writers started from (its anchor, kept by the
+    table: EmbeddingTable.keep_anchors) plus the sum of their changes divided by writers^a (a = 1:
+    their mean change, 0: every change, as a parameter server applies them), state and all; under
+    FTRL the weights are then the ones the merged z and n stand for. Returns (rows merged, bytes sent)."""
+    deltas = deltas_power is not None
     union, sent = union_ids(touched, group)
     if len(union) == 0:
+        if deltas:
+            table.take_anchors(np.zeros(0, dtype=np.int64))
         return 0, sent
     mine = np.isin(union, touched, assume_unique=True)
     rows, held = torch.zeros((0, table.tier.width)), np.zeros(0, dtype=bool)
     if mine.any():
         rows, held = table.stored_rows(union[mine])
         mine[np.nonzero(mine)[0][~held]] = False  # written, then expired since: nothing to offer
-    payload = counted(rows[torch.from_numpy(held)], torch.from_numpy(np.nonzero(mine)[0]), len(union))
+    rows = rows[torch.from_numpy(held)]
+    if deltas:
+        anchors = table.take_anchors(union[mine])
+        rows = torch.cat([rows - anchors, anchors], dim=1)  # what changed, and where it started
+    payload = counted(rows, torch.from_numpy(np.nonzero(mine)[0]), len(union))
     if not alone(group):
         payload = payload.to(comm_device())
         dist.all_reduce(payload, group=group)
         sent += payload.numel() * payload.element_size()
-    merged, count = touchers_mean(payload.cpu())
+    summed, count = touchers_mean(payload.cpu())
+    if deltas_power is not None:
+        width, writers = table.tier.width, count.clamp(min=1)[:, None]
+        merged = summed[:, width:] + summed[:, :width] * writers.pow(1 - deltas_power)
+        if table.config.optim.name == "ftrl":
+            merged = _ftrl_weights_of_state(merged, table)
+    else:
+        merged = summed
     keep = (count > 0).numpy()  # a row every writer has since expired stays expired
     table.put(union[keep], merged[torch.from_numpy(keep)], step)
     return int(keep.sum()), sent
+
+
+def _ftrl_weights_of_state(rows: torch.Tensor, table: EmbeddingTable) -> torch.Tensor:
+    """FTRL rows whose z and n were merged: their weights are the ones that state stands for."""
+    cfg = table.config.optim
+    _, z, n = split_rows(rows, table.dim)
+    lr = column_lr(cfg, table.dim)
+    return join_rows(ftrl_weights(z, (n + cfg.initial_accumulator).sqrt(), lr, cfg), z, n)
 
 
 def gather_ids(ids: np.ndarray, group: Group = None) -> tuple[list[np.ndarray], int]:

@@ -104,6 +104,13 @@ class Trainer:
         self.table_config = table_config(self.model_config, settings)
         tier = make_tier(settings, row_width(self.table_config.dim), self.rank)
         self.table = EmbeddingTable(tier, self.table_config, shared_ids(schema))
+        if settings.group.row_merge == "deltas":
+            if settings.shard_within_node:
+                raise TrainerError(
+                    "config trainer.group.row_merge='deltas' adds up each replica's changes to its own rows; "
+                    "with trainer.shard_within_node the rows are the shards' owners': use 'mean'"
+                )
+            self.table.keep_anchors()  # where each row started since the last merge
         # trainer.shard_within_node: the rows sharded over the ranks of this node (learn_sharded,
         # trainer/shard.py), this replica's table holding its shard; nodes merge shard by shard
         self.sharded = settings.shard_within_node
@@ -200,7 +207,8 @@ class Trainer:
         self.step = max_step(self.step, group)
         set_optimizer_steps(self.optimizer, self.step)
         dense_bytes = average_dense(self.model, self.optimizer, group)
-        rows, sparse_bytes = average_rows(self.table, self.table.take_touched(), self.step, group)
+        power = self.settings.group.row_deltas_power if self.settings.group.row_merge == "deltas" else None
+        rows, sparse_bytes = average_rows(self.table, self.table.take_touched(), self.step, group, power)
         sparse_bytes += share_sightings(self.table, group)
         stats = MergeStats(dense_bytes, sparse_bytes, rows, time.perf_counter() - started)
         self._count(stats)
