@@ -3,7 +3,7 @@
     accuracy: AUC over the stream (each tenth of it), one line per model and dataset
     serving:  latency CDF per load (1 and 64 events per request, ours and mlflow pyfunc),
               and the freshness histogram
-    merge:    AUC against the bytes replicas sent, per worker count and k
+    merge:    AUC over the stream for k = 1, 16, 64 and sync at 4 and 8 workers; window AUC against bytes
     store:    rows/s of each store (the in-RAM table, the hierarchy cold, warm and serial)
     join:     AUC per policy and window, and the joiner's impressions/s
 Other benchmarks draw nothing. Drawn from the JSON alone, with matplotlib's file backend.
@@ -65,13 +65,29 @@ def _serving(plt: Any, result: dict[str, Any]) -> Any:
 
 
 def _merge(plt: Any, result: dict[str, Any]) -> Any:
-    figure, ax = plt.subplots(figsize=(7, 4.5))
+    """One panel per worker count of 4 and more (of the synthetic stream): the AUC of each tenth of
+    the stream for k = 1, 16, 64 and synchronous; then window AUC against bytes for every run."""
+    runs = [r for r in result["runs"] if r.get("dataset", "synthetic") == "synthetic"]
+    counts = sorted({r["workers"] for r in runs if r["workers"] >= 4}) or sorted({r["workers"] for r in runs})
+    figure, axes = plt.subplots(1, len(counts) + 1, figsize=(5 * (len(counts) + 1), 4), squeeze=False)
+    for ax, workers in zip(axes[0], counts, strict=False):
+        for r in runs:
+            if r["workers"] == workers and r.get("layout", "replicated") == "replicated" and r.get("auc_by_tenth"):
+                tenths = r["auc_by_tenth"]
+                label = "sync" if r["k"] == 0 else f"k={r['k']}"
+                ax.plot([10 * (i + 1) for i in range(len(tenths))], tenths, marker=".", label=label)
+        ax.set(
+            title=f"{workers} workers", xlabel="% of the stream", ylabel="AUC of each tenth (scored before learning)"
+        )
+        ax.legend(fontsize=7)
+    scatter = axes[0][-1]
     for r in result["runs"]:
+        auc = r.get("window_auc", r["auc"])
         label = f"{r.get('dataset', '')} {r['workers']}w k={r['k']} {r.get('layout', '')}".strip()
-        ax.scatter(max(r["bytes"], 1), r["auc"])
-        ax.annotate(label, (max(r["bytes"], 1), r["auc"]), fontsize=6)
-    ax.set(xscale="log", xlabel="bytes the replicas sent (merges or syncs)", ylabel="progressive AUC")
-    ax.set_title("k-step merging: accuracy against bytes")
+        scatter.scatter(max(r["bytes"], 1), auc)
+        scatter.annotate(label, (max(r["bytes"], 1), auc), fontsize=5)
+    scatter.set(xscale="log", xlabel="bytes the replicas sent (merges or syncs)", ylabel="window AUC (last 20%)")
+    scatter.set_title("accuracy against bytes")
     return figure
 
 

@@ -294,16 +294,20 @@ class EmbeddingTable:
             self._anchored = np.union1d(self._anchored, ids[first])
 
     def take_anchors(self, ids: np.ndarray) -> torch.Tensor:
-        """The anchors of unique ids (each must have one) (n, 3*dim); forgets every anchor."""
-        assert self._anchors is not None
+        """The anchors of unique ids (each must have one) (n, 3*dim); forgets every anchor
+        (none kept: nothing to forget, and no ids may be asked for)."""
         if not self._anchors:
+            if len(ids):
+                raise StoreError("EmbeddingTable.take_anchors: no anchors kept (call keep_anchors() first)")
             return torch.zeros((0, row_width(self.dim)))
         held = np.concatenate([i for i, _ in self._anchors])
         rows = torch.cat([r for _, r in self._anchors])
         order = np.argsort(held)
         at = order[np.minimum(np.searchsorted(held, ids, sorter=order), len(held) - 1)]
         if not np.array_equal(held[at], ids):
-            raise StoreError("EmbeddingTable.take_anchors: rows written outside update() have no anchor")
+            raise StoreError(
+                "EmbeddingTable.take_anchors: rows written outside update() and apply_grad() have no anchor"
+            )
         self._anchors, self._anchored = [], np.zeros(0, dtype=np.int64)
         return rows[torch.from_numpy(at)]
 
@@ -352,6 +356,8 @@ class EmbeddingTable:
         if not held.all():
             fresh = np.nonzero(~held)[0]
             rows[torch.from_numpy(fresh)] = self.fresh_rows(ids[fresh])
+        if self._anchors is not None:  # a shard owner's step (trainer/shard.py), merged between nodes
+            self._anchor(ids, rows)
         grad, wide_changes = split_row_grads(grad.cpu(), self.dim)
         new_rows = sparse_step(rows, grad, step, self.config.optim).detach()
         if wide_changes is not None:

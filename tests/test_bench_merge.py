@@ -20,6 +20,8 @@ def test_bench_merge_reports_every_run_of_the_grid(tmp_path):
     for run in result["runs"]:
         assert {"dataset", "workers", "k", "auc", "logloss", "bytes", "wall_s", "samples_per_s"} <= run.keys()
         assert 0.0 <= run["auc"] <= 1.0 and run["samples_per_s"] > 0
+        assert 0.0 <= run["window_auc"] <= 1.0 and len(run["auc_by_tenth"]) == 10
+        assert 0.0 <= run["served_auc"] <= 1.0  # every layout of this grid keeps a served view
         assert (run["bytes"] > 0) == (run["workers"] > 1)  # one worker sends nothing
     by_k = {r["k"]: r for r in result["runs"] if r["workers"] == 2 and r["layout"] == "replicated"}
     assert by_k[1]["bytes"] > by_k[16]["bytes"]  # merging less often sends less
@@ -30,3 +32,17 @@ def test_bench_merge_reports_every_run_of_the_grid(tmp_path):
     assert abs(check["sharded_auc_minus_sync"]) < 1e-4
     assert sum(sharded["rows_per_replica"]) == max(by_k[0]["rows_per_replica"])  # each row on exactly one owner
     assert check["sharded_rows_per_replica_over_sync"] < 0.7
+
+
+def test_the_replicas_scores_go_back_in_stream_order():
+    """Batch i went to replica i mod N: the window (the stream's last 20%) is taken after the
+    replicas' per-event arrays are interleaved back by batch number."""
+    import numpy as np
+
+    from bench.merge import _in_stream_order
+
+    replicas = [  # 2 replicas, batches of 2 events then 1: batch numbers 0, 2 on replica 0; 1, 3 on 1
+        {"batch_of": np.array([0, 0, 2]), "probs": np.array([0.0, 1.0, 4.0])},
+        {"batch_of": np.array([1, 1, 3]), "probs": np.array([2.0, 3.0, 5.0])},
+    ]
+    assert _in_stream_order(replicas, "probs").tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]

@@ -48,9 +48,17 @@ def test_serving_draws_the_latency_cdf_and_the_freshness_histogram(tmp_path):
             "merge",
             {
                 "runs": [
-                    {"workers": w, "k": k, "layout": "replicated", "bytes": 10**9 // (k or 1), "auc": 0.8}
-                    for w in (2, 4)
-                    for k in (0, 16)
+                    {
+                        "workers": w,
+                        "k": k,
+                        "layout": "replicated",
+                        "bytes": 10**9 // (k or 1),
+                        "auc": 0.8,
+                        "window_auc": 0.81,
+                        "auc_by_tenth": [0.7 + 0.01 * i for i in range(10)],
+                    }
+                    for w in (2, 4, 8)
+                    for k in (0, 1, 16, 64)
                 ]
             },
         ),

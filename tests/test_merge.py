@@ -16,7 +16,7 @@ from trainer.batch import Batch
 from trainer.group import launch_local
 from trainer.merge import average_rows
 from trainer.replica import Trainer
-from trainer.settings import ModelSettings, OptimSettings, StoreSettings, TrainerSettings
+from trainer.settings import GroupSettings, ModelSettings, OptimSettings, StoreSettings, TrainerSettings
 
 SCHEMA = load_schema("criteo")
 FIELDS, DENSE = SCHEMA.num_sparse, SCHEMA.num_dense
@@ -43,10 +43,14 @@ def make_batches(seed: int, steps: int = 4, size: int = 32, vocab: int = 60, lis
     return out
 
 
-def settings(optimizer: str, sparse: str | None = None, per_event: bool = False, **store: object) -> TrainerSettings:
+def settings(
+    optimizer: str, sparse: str | None = None, per_event: bool = False, row_merge: str = "mean", **store: object
+) -> TrainerSettings:
     """Dense `optimizer` ("adam" or "sgd"); the sparse one is `sparse`, else the same as the dense.
     per_event: the ids' wide weights learn event by event (optim.wide_per_event); off by default
-    here, where the per-batch rule is pinned; the tests that compare with it turn it on."""
+    here, where the per-batch rule is pinned; the tests that compare with it turn it on.
+    row_merge: "mean" here, whose equivalences (merged every step == synchronous, replicas fed the
+    same batches == one process) these tests pin; the "deltas" tests pin that rule."""
     lr = 0.05 if optimizer == "sgd" else 0.01
     optim = OptimSettings(
         optimizer=optimizer,
@@ -60,6 +64,7 @@ def settings(optimizer: str, sparse: str | None = None, per_event: bool = False,
         model=ModelSettings(embed_dim=4, hidden=(8,)),
         optim=optim,
         store=StoreSettings(**store),  # type: ignore[arg-type]
+        group=GroupSettings(row_merge=row_merge),
         threads=1,
     )
 
@@ -97,16 +102,60 @@ def merge_every_step_vs_sync(optimizer: str, per_event: bool = False) -> tuple[d
     return state(merging), state(syncing)
 
 
-def deltas_same_batch(sparse: str, power: float) -> dict:
+def deltas_same_batch(sparse: str, power: float, steps: int) -> dict:
     from dataclasses import replace
-
-    from trainer.settings import GroupSettings
 
     group = GroupSettings(row_merge="deltas", row_deltas_power=power)
     trainer = Trainer(load_schema("criteo"), replace(settings("sgd", sparse), group=group))
-    trainer.learn(make_batches(seed=3, steps=1)[0])
+    for batch in make_batches(seed=3, steps=steps):
+        trainer.learn(batch)
     trainer.merge()
     return state(trainer)
+
+
+DELTAS_WRITTEN = {0: [1, 2, 4], 1: [2, 3, 4, 5]}  # the rows each replica steps; 5 is new on replica 1
+
+
+def deltas_config() -> TableConfig:
+    from store.sparse_optim import SparseOptimConfig
+
+    return TableConfig(dim=2, optim=SparseOptimConfig(name="sgd", lr=1.0))
+
+
+def deltas_grad(rank: int, i: int) -> np.ndarray:
+    return np.array([0.5 + rank + i, 0.25 * (rank + 1) * i])
+
+
+def deltas_merge_case(power: float) -> dict[int, np.ndarray]:
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    table = EmbeddingTable(RamTier(6, 1 << 20), deltas_config())
+    start = np.array([1, 2, 3, 4], dtype=np.int64)
+    table.put(start, torch.tensor([[float(i), -float(i), 0, 0, 0, 0] for i in start]), step=1)
+    table.keep_anchors()
+    ids = np.array(DELTAS_WRITTEN[rank], dtype=np.int64)
+    table.apply_grad(ids, torch.tensor(np.stack([deltas_grad(rank, i) for i in ids]), dtype=torch.float32), step=2)
+    table.mark_touched(ids)  # as a shard owner does after its step
+    average_rows(table, table.take_touched(), step=2, deltas_power=power)
+    ids, rows = table.export()
+    return {int(i): r.numpy() for i, r in zip(ids, rows)}
+
+
+def deltas_and_mean(sparse: str) -> tuple[dict, dict]:
+    from dataclasses import replace
+
+    import torch.distributed as dist
+
+    out = []
+    for group in (GroupSettings(row_merge="deltas", row_deltas_power=1.0), GroupSettings(row_merge="mean")):
+        trainer = Trainer(load_schema("criteo"), replace(settings("adam", sparse), group=group))
+        for i, batch in enumerate(make_batches(seed=dist.get_rank(), steps=4), start=1):
+            trainer.learn(batch)
+            if i % 2 == 0:
+                trainer.merge()
+        out.append(state(trainer))
+    return out[0], out[1]
 
 
 def same_batches(k: int, sparse: str) -> dict:
@@ -291,20 +340,22 @@ def test_an_average_over_touchers_counts_only_the_ranks_that_sent_a_row():
     assert mean.tolist() == [[3.0, 6.0], [0.0, 0.0], [1.0, 1.0]]  # row 1: no one sent it
 
 
-@pytest.mark.parametrize("power", [0.0, 0.5])
+@pytest.mark.parametrize(("power", "steps"), [(0.0, 2), (0.5, 2), (0.5, 1)])
 @pytest.mark.parametrize("sparse", ["sgd", "ftrl"])
-def test_the_deltas_rule_adds_the_replicas_changes_to_the_row_they_started_from(sparse, power):
-    """Two replicas learn the same batch from the same start: under row_merge "deltas" each row
+def test_the_deltas_rule_adds_the_replicas_changes_to_the_row_they_started_from(sparse, power, steps):
+    """Two replicas learn the same batches from the same start: under row_merge "deltas" each row
     moves by the sum of both changes / 2^power (power 0: both changes; the mean would be one);
-    FTRL's weights follow its merged z and n."""
+    FTRL's weights follow its merged z and n. After a single step the changes are one correction
+    each replica made: their mean (power 1), not their sum."""
     from store.sparse_optim import column_lr, ftrl_weights, join_rows, split_rows
 
-    replicas = launch_local(deltas_same_batch, 2, sparse, power)
+    replicas = launch_local(deltas_same_batch, 2, sparse, power, steps)
     alone = Trainer(load_schema("criteo"), settings("sgd", sparse))
-    alone.learn(make_batches(seed=3, steps=1)[0])
+    for batch in make_batches(seed=3, steps=steps):
+        alone.learn(batch)
     ids, rows = alone.table.export()
     start = alone.table.fresh_rows(ids)  # every row is new: it started from its initial row
-    expected = start + 2 ** (1 - power) * (rows - start)
+    expected = start + 2 ** (1 - (power if steps > 1 else 1.0)) * (rows - start)
     if sparse == "ftrl":
         cfg, dim = alone.table.config.optim, alone.table.dim
         _, z, n = split_rows(expected, dim)
@@ -313,15 +364,37 @@ def test_the_deltas_rule_adds_the_replicas_changes_to_the_row_they_started_from(
     for replica in replicas:
         np.testing.assert_array_equal(replica["ids"], ids)
         np.testing.assert_allclose(replica["rows"], expected.numpy(), rtol=1e-5, atol=1e-6)
-        assert not np.allclose(replica["rows"], rows.numpy())  # not the mean: that is one replica's rows
+        if steps > 1:
+            assert not np.allclose(replica["rows"], rows.numpy())  # not the mean: that is one replica's rows
 
 
-def test_the_deltas_rule_refuses_sharded_rows():
-    from dataclasses import replace
+def test_the_deltas_rule_matches_a_hand_computation_on_a_tiny_table():
+    """Rows 1..4 start alike on both replicas (the last merge); replica 0 steps rows 1, 2 and 4,
+    replica 1 rows 2, 3 and 4 (SGD at rate 1: a row moves by minus its gradient). Merged: a row one
+    replica wrote takes its whole change; one both wrote, the sum of the changes / 2^power; row 5,
+    new on replica 1, starts from its initial row."""
+    power = 0.5
+    replica0, replica1 = launch_local(deltas_merge_case, 2, power)
+    start = {i: np.array([float(i), -float(i)]) for i in (1, 2, 3, 4)}
+    change = {r: {i: -deltas_grad(r, i) for i in DELTAS_WRITTEN[r]} for r in (0, 1)}
+    fresh = EmbeddingTable(RamTier(6, 1 << 20), deltas_config()).fresh_rows(np.array([5]))[0, :2].numpy()
+    expected = {
+        1: start[1] + change[0][1],
+        2: start[2] + (change[0][2] + change[1][2]) / 2**power,
+        3: start[3] + change[1][3],
+        4: start[4] + (change[0][4] + change[1][4]) / 2**power,
+        5: fresh + change[1][5],
+    }
+    for replica in (replica0, replica1):
+        assert sorted(replica) == [1, 2, 3, 4, 5]
+        for i, row in expected.items():
+            np.testing.assert_allclose(replica[i][:2], row, atol=1e-6, err_msg=f"row {i}")
+            np.testing.assert_allclose(replica[i][2:], 0.0)  # SGD keeps no state
 
-    from trainer.errors import TrainerError
-    from trainer.settings import GroupSettings
 
-    wanted = replace(settings("sgd"), group=GroupSettings(row_merge="deltas"), shard_within_node=True)
-    with pytest.raises(TrainerError, match="row_merge='deltas'"):
-        Trainer(load_schema("criteo"), wanted)
+@pytest.mark.parametrize("sparse", ["sgd", "adagrad"])
+def test_the_deltas_rule_at_power_1_is_the_mean_rule(sparse):
+    """Power 1 adds the writers' mean change to where they started: the mean of their rows, which
+    is row_merge "mean" (FTRL aside: "deltas" re-derives its weights from the merged z and n)."""
+    for deltas, mean in launch_local(deltas_and_mean, 2, sparse):
+        assert_states_close(deltas, mean)

@@ -24,10 +24,11 @@ from trainer.shard import exchange
 from trainer.snapshot import read_embeddings, read_manifest
 
 
-def sharded_settings(sparse: str = "ftrl"):
+def sharded_settings(sparse: str = "ftrl", row_merge: str = "mean"):
     from dataclasses import replace
 
-    return replace(settings("adam", sparse), shard_within_node=True, group=GroupSettings(merge_every_steps=0))
+    group = GroupSettings(merge_every_steps=0, row_merge=row_merge)
+    return replace(settings("adam", sparse), shard_within_node=True, group=group)
 
 
 def without_rows(s: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -117,7 +118,7 @@ def snapshot_delta_and_restore(root: str) -> dict:
     return out
 
 
-def two_nodes_merging(k: int) -> dict:
+def two_nodes_merging(k: int, row_merge: str) -> dict:
     """4 ranks as 2 nodes of 2 (LOCAL_WORLD_SIZE=2): both ranks of node n learn node n's batches
     (seed n) over rows sharded within the node; the nodes merge every k steps, shard by shard."""
     import os
@@ -125,7 +126,7 @@ def two_nodes_merging(k: int) -> dict:
     import torch.distributed as dist
 
     os.environ["LOCAL_WORLD_SIZE"] = "2"
-    trainer = Trainer(load_schema("criteo"), sharded_settings())
+    trainer = Trainer(load_schema("criteo"), sharded_settings(row_merge=row_merge))
     assert trainer.nodes == 2
     for i, batch in enumerate(make_batches(seed=dist.get_rank() // 2, steps=6), start=1):
         trainer.learn_sharded(batch)
@@ -135,11 +136,11 @@ def two_nodes_merging(k: int) -> dict:
     return state(trainer)
 
 
-def replicas_merging(k: int) -> dict:
+def replicas_merging(k: int, row_merge: str) -> dict:
     """The reference: 2 replicas (one per node) learning seed-rank batches, merged every k steps."""
     import torch.distributed as dist
 
-    trainer = Trainer(load_schema("criteo"), settings("adam", "ftrl"))
+    trainer = Trainer(load_schema("criteo"), settings("adam", "ftrl", row_merge=row_merge))
     for i, batch in enumerate(make_batches(seed=dist.get_rank(), steps=6), start=1):
         trainer.learn(batch)
         if i % k == 0:
@@ -232,11 +233,13 @@ def test_sharding_needs_no_admission_yet():
         replace(sharded_settings(), store=replace(sharded_settings().store, min_count=2))
 
 
-def test_two_nodes_of_sharded_ranks_merging_every_k_steps_equal_two_merging_replicas():
+@pytest.mark.parametrize("row_merge", ["mean", "deltas"])
+def test_two_nodes_of_sharded_ranks_merging_every_k_steps_equal_two_merging_replicas(row_merge):
     """2 nodes x 2 ranks: within a node the rows are sharded and steps synchronous (the node acts
-    as one process on its batches); between the nodes the k-step merge of replicas, shard by shard."""
-    ranks = launch_local(two_nodes_merging, 4, 3)
-    replicas = launch_local(replicas_merging, 2, 3)
+    as one process on its batches); between the nodes the k-step merge of replicas, shard by shard,
+    by either rule (under "deltas" each shard owner keeps its rows' anchors)."""
+    ranks = launch_local(two_nodes_merging, 4, 3, row_merge)
+    replicas = launch_local(replicas_merging, 2, 3, row_merge)
     for node, replica in enumerate(replicas):
         mine = ranks[2 * node : 2 * node + 2]
         for rank in mine:

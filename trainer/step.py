@@ -137,7 +137,7 @@ def train_step(
 
 
 @torch.inference_mode()
-def predict(model: CtrModel, table: EmbeddingTable, batch: Batch) -> np.ndarray:
+def predict(model: CtrModel, table: Rows, batch: Batch) -> np.ndarray:
     """CTR (B,) for a batch, without learning (unseen ids read what store.table.unseen_vectors gives)."""
     if model.training:  # eval() walks every module: skip it when already set (serving's hot path)
         model.eval()
