@@ -81,13 +81,16 @@ def _merge(plt: Any, result: dict[str, Any]) -> Any:
         )
         ax.legend(fontsize=7)
     scatter = axes[0][-1]
-    for r in result["runs"]:
-        auc = r.get("window_auc", r["auc"])
-        label = f"{r.get('dataset', '')} {r['workers']}w k={r['k']} {r.get('layout', '')}".strip()
-        scatter.scatter(max(r["bytes"], 1), auc)
-        scatter.annotate(label, (max(r["bytes"], 1), auc), fontsize=5)
+    for r in runs:
+        if r["workers"] == 1:  # nothing sent
+            continue
+        auc, layout = r.get("window_auc", r["auc"]), r.get("layout", "replicated")
+        kind = "sync" if r["k"] == 0 else f"k={r['k']}"
+        label = f"{r['workers']}w {kind}" + ("" if layout == "replicated" else f" {layout}")
+        scatter.scatter(r["bytes"], auc, color=f"C{counts.index(r['workers']) if r['workers'] in counts else 9}")
+        scatter.annotate(label, (r["bytes"], auc), fontsize=6)
     scatter.set(xscale="log", xlabel="bytes the replicas sent (merges or syncs)", ylabel="window AUC (last 20%)")
-    scatter.set_title("accuracy against bytes")
+    scatter.set_title("synthetic: window AUC against bytes")
     return figure
 
 

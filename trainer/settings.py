@@ -129,9 +129,9 @@ class GroupSettings:
     # how a merge combines a row several replicas wrote (trainer/merge.py): "deltas", their changes
     # since the last merge added up on the row they started from and divided by writers ^
     # row_deltas_power (1: their mean change; 0: every change, as a parameter server; FTRL's
-    # weights re-derived from the merged z and n), or "mean", the mean of their rows. `adstream
-    # bench merge` (2M synthetic events, 4 workers, k = 16): window AUC "deltas" 0.8252, "mean"
-    # 0.8236, synchronous 0.8262
+    # weights re-derived from the merged z and n), or "mean", the mean of their rows. 2M synthetic
+    # events, 4 workers, k = 16, the window AUC of the stream's last 20%: "deltas" 0.8252, "mean"
+    # 0.8236, synchronous 0.8262 (`adstream bench merge`: "deltas" at 2/4/8 workers in the README)
     row_merge: str = one_of(("mean", "deltas"), "deltas")
     row_deltas_power: float = at_least(0, 0.5)  # "deltas": the changes' sum over writers ^ this
     max_restarts: int = at_least(0, 3)  # the supervisor of `--workers N` restarts the whole group this often
