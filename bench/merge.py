@@ -33,7 +33,7 @@ import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -51,6 +51,9 @@ from trainer.group import launch_local
 from trainer.metrics import auc_exact, logloss
 from trainer.settings import TrainerSettings
 from trainer.step import predict
+
+if TYPE_CHECKING:
+    from trainer.replica import Trainer
 
 WORKERS = (1, 2, 4, 8)
 KS = (1, 16, 64)
@@ -147,7 +150,7 @@ class _Served:
     of every row, refreshed after each merge with the rows changed since the last (the ids a
     published delta carries: EmbeddingTable.take_changed)."""
 
-    def __init__(self, trainer: Any) -> None:
+    def __init__(self, trainer: Trainer) -> None:
         from store.ram import RamTier
         from store.table import EmbeddingTable
         from stream.featurize import shared_ids

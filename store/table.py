@@ -293,6 +293,11 @@ class EmbeddingTable:
             self._anchors.append((ids[first], rows[torch.from_numpy(first).to(rows.device)].detach().cpu().clone()))
             self._anchored = np.union1d(self._anchored, ids[first])
 
+    def forget_anchors(self) -> None:
+        """Drop every anchor kept since the last take_anchors (a merge with nothing to merge)."""
+        if self._anchors is not None:
+            self._anchors, self._anchored = [], np.zeros(0, dtype=np.int64)
+
     def take_anchors(self, ids: np.ndarray) -> torch.Tensor:
         """The anchors of unique ids (each must have one) (n, 3*dim); forgets every anchor
         (none kept: nothing to forget, and no ids may be asked for)."""

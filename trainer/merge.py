@@ -182,8 +182,7 @@ def average_rows(
     deltas = deltas_power is not None
     union, sent = union_ids(touched, group)
     if len(union) == 0:
-        if deltas:
-            table.take_anchors(np.zeros(0, dtype=np.int64))
+        table.forget_anchors()
         return 0, sent
     mine = np.isin(union, touched, assume_unique=True)
     rows, held = torch.zeros((0, table.tier.width)), np.zeros(0, dtype=bool)

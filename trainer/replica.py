@@ -200,7 +200,7 @@ class Trainer:
         group = self.cross_group if self.sharded else None
         if self.world == 1 or (self.sharded and self.nodes == 1):
             self.table.take_touched()
-            self.table.take_anchors(np.zeros(0, dtype=np.int64))
+            self.table.forget_anchors()
             return MergeStats(0, 0, 0, 0.0)
         self.step = max_step(self.step, group)
         set_optimizer_steps(self.optimizer, self.step)
