@@ -314,6 +314,9 @@ def cmd_train(args: argparse.Namespace) -> None:
 
         with announce(config.stack.state_dir, "train"):
             code = supervise(args.argv, workers, config.trainer.group.max_restarts)
+        if code > 128:  # stopped by its operator: the replicas got the signal and stopped with it
+            print(f"train: stopped by signal {code - 128}; the {workers} replicas stopped with it", file=sys.stderr)
+            sys.exit(code)
         if code:
             raise CliError(f"train: the replica group failed (exit {code}); see the log above")
         return

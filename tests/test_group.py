@@ -4,8 +4,13 @@ machine can reach: it meets through a FileStore, and gloo's connections stay on 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -97,3 +102,76 @@ def test_a_rank_that_fails_lets_its_peers_fail_at_once_not_after_the_collective_
         remove_store_file(store)
     assert [p.returncode for p in procs] == [1, 3]  # rank 0 raised; rank 1's collective failed
     assert "peer failed after" in outputs[1] and time.monotonic() - start < 60
+
+
+REPLICA = (  # writes its pid to a file named attempt-rank in the folder argv[1] (whole: renamed in), sleeps
+    "import os, sys, time; "
+    "name = os.path.join(sys.argv[1], os.environ['ADSTREAM_ATTEMPT'] + '-' + os.environ['RANK']); "
+    "open(name + '.new', 'w').write(str(os.getpid())); os.replace(name + '.new', name); "
+    "time.sleep(120)"
+)
+
+
+def pid_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if not p.name.endswith(".new"))
+
+
+def start_supervisor(folder: Path) -> tuple[subprocess.Popen[str], list[int]]:
+    """A supervisor of 2 replicas that write their pid to `folder` and sleep; returns it and their pids."""
+    script = (
+        "import sys; from trainer.group import supervise; "
+        f"code = supervise([{str(folder)!r}], 2, 3, poll_s=0.1, program=(sys.executable, '-c', {REPLICA!r})); "
+        "print('exit', code, flush=True)"
+    )
+    sup = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(pid_files(folder)) < 2:
+        assert time.monotonic() < deadline, "the replicas never started"
+        time.sleep(0.1)
+    return sup, [int(p.read_text()) for p in pid_files(folder)]
+
+
+def running(pid: int) -> bool:
+    """A live process (a zombie nobody reaped yet counts as gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "State:\tZ" not in status
+
+
+def gone_within(pids: list[int], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while any(running(p) for p in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_replicas_die_with_a_supervisor_killed_with_sigkill(tmp_path):
+    sup, replicas = start_supervisor(tmp_path)
+    try:
+        sup.kill()  # no handler runs: only the kernel's parent-death signal can stop the replicas
+        sup.wait(timeout=10)
+        assert gone_within(replicas, 10), f"replicas {replicas} outlived their supervisor"
+    finally:
+        for pid in replicas:
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_an_operators_stop_to_the_supervisor_stops_the_replicas_without_a_restart(tmp_path, stop):
+    sup, replicas = start_supervisor(tmp_path)
+    try:
+        sup.send_signal(stop)
+        out, err = sup.communicate(timeout=30)
+        assert f"exit {128 + stop}" in out, (out, err)
+        assert "restart" not in err
+        assert gone_within(replicas, 5)
+        assert [p.name for p in pid_files(tmp_path)] == ["0-0", "0-1"]  # no second attempt started
+    finally:
+        for pid in replicas:
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)

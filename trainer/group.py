@@ -6,10 +6,16 @@ several machines and under `adstream train --workers N`, whose supervisor sets t
 for N local processes and restarts the whole group when one dies (a dead peer leaves the others
 blocked in a collective, so they are stopped too); the restarted group resumes from the newest
 complete snapshot. Backend: NCCL on CUDA, gloo on CPU.
+
+Replicas never outlive the process that started them: each asks the kernel for SIGTERM when its
+parent dies (`die_with_parent`), so a supervisor killed with SIGKILL leaves no group training on
+its own, and a supervisor sent SIGTERM or SIGINT passes it on to its replicas (in a process group
+of their own, so they get it once) and waits for them instead of restarting them.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -18,6 +24,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -160,9 +167,30 @@ def remove_store_file(store_file: str) -> None:
     shutil.rmtree(Path(store_file).parent, ignore_errors=True)
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # an operator's stop: passed on to the replicas, no restart
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent dies
+
+
+def die_with_parent(parent: int) -> None:
+    """Ask Linux to send this process SIGTERM when its parent dies, and exit now if the parent
+    `parent` (a pid) is already gone (it may die before the request is made). Call it first thing
+    in a child: a replica whose supervisor was killed would otherwise train on as an orphan,
+    consuming and committing beside the group a restarted supervisor starts. No-op off Linux."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        raise TrainerError(f"die_with_parent: prctl failed (errno {ctypes.get_errno()})")
+    if os.getppid() != parent:
+        os._exit(128 + signal.SIGTERM)
+
+
 def _entry(
-    fn: Callable[..., Any], rank: int, world: int, store_file: str, device: str, queue: Any, args: tuple
+    fn: Callable[..., Any], rank: int, world: int, store_file: str, device: str, queue: Any, args: tuple, parent: int
 ) -> None:
+    die_with_parent(parent)
     os.environ.update(group_env(rank, world, store_file))
     try:
         queue.put((rank, None, in_group(device, lambda r, w: fn(*args))))
@@ -179,7 +207,8 @@ def launch_local(fn: Callable[..., Any], world: int, *args: Any, device: str = "
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     store_file = new_store_file()
-    procs = [ctx.Process(target=_entry, args=(fn, r, world, store_file, device, queue, args)) for r in range(world)]
+    me = os.getpid()
+    procs = [ctx.Process(target=_entry, args=(fn, r, world, store_file, device, queue, args, me)) for r in range(world)]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
@@ -209,42 +238,79 @@ def launch_local(fn: Callable[..., Any], world: int, *args: Any, device: str = "
     return [results[r] for r in range(world)]
 
 
-def supervise(argv: Sequence[str], workers: int, max_restarts: int, poll_s: float = 0.5) -> int:
-    """Run `adstream <argv>` as `workers` replicas; restart all of them (up to max_restarts times)
-    when one exits with an error or is killed. Returns the group's exit code (0: every replica done)."""
-    attempt = 0
-    while True:
-        store_file = new_store_file()  # a fresh rendezvous per attempt
-        procs = []
-        for rank in range(workers):
-            env = {**os.environ, **group_env(rank, workers, store_file), "ADSTREAM_ATTEMPT": str(attempt)}
-            out = None if rank == 0 else subprocess.DEVNULL  # rank 0 prints the job's summary
-            procs.append(subprocess.Popen([sys.executable, "-m", "adstream.cli", *argv], env=env, stdout=out))
-        log.warning("supervisor: attempt %d, replicas %s", attempt, [p.pid for p in procs])
-        failed = None
-        while failed is None and any(p.poll() is None for p in procs):
-            failed = next((p for p in procs if p.poll() not in (None, 0)), None)
-            time.sleep(poll_s)
-        if failed is None:
-            failed = next((p for p in procs if p.returncode != 0), None)
-        if failed is None:
-            remove_store_file(store_file)
-            return 0
-        for p in procs:  # the others are stuck in a collective with the dead one
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
+def supervise(
+    argv: Sequence[str],
+    workers: int,
+    max_restarts: int,
+    poll_s: float = 0.5,
+    program: Sequence[str] = (sys.executable, "-m", "adstream.cli"),
+) -> int:
+    """Run `program argv` (`adstream <argv>`) as `workers` replicas; restart all of them (up to
+    max_restarts times) when one exits with an error or is killed. SIGTERM or SIGINT to the
+    supervisor is passed on to the replicas, which stop as their operator asked: no restart, and the supervisor
+    returns once they are gone. Returns the group's exit code (0: every replica done; 128 + the
+    signal when stopped by one)."""
+    attempt, stopping = 0, []
+    procs: list[subprocess.Popen[bytes]] = []
+    first_thing = functools.partial(die_with_parent, os.getpid())
+
+    def pass_on(signum: int, frame: object) -> None:
+        stopping.append(signum)
         for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        remove_store_file(store_file)
-        log.warning("supervisor: replica pid %d exited with %s", failed.pid, failed.returncode)
-        if attempt >= max_restarts:
-            return 1
-        attempt += 1
-        print(f"supervisor: replica {failed.pid} exited ({failed.returncode}); restart {attempt}", file=sys.stderr)
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    main = threading.current_thread() is threading.main_thread()  # where Python lets handlers be set
+    previous = {s: signal.signal(s, pass_on) for s in STOP_SIGNALS} if main else {}
+    try:
+        while True:
+            store_file = new_store_file()  # a fresh rendezvous per attempt
+            procs.clear()
+            for rank in range(workers):
+                env = {**os.environ, **group_env(rank, workers, store_file), "ADSTREAM_ATTEMPT": str(attempt)}
+                out = None if rank == 0 else subprocess.DEVNULL  # rank 0 prints the job's summary
+                # a process group of its own: a signal for the whole job (Ctrl-C, `adstream down`)
+                # reaches the replicas once, passed on by the supervisor, not twice
+                cmd = [*program, *argv]
+                procs.append(subprocess.Popen(cmd, env=env, stdout=out, preexec_fn=first_thing, process_group=0))
+            log.warning("supervisor: attempt %d, replicas %s", attempt, [p.pid for p in procs])
+            failed = None
+            while failed is None and not stopping and any(p.poll() is None for p in procs):
+                failed = next((p for p in procs if p.poll() not in (None, 0)), None)
+                time.sleep(poll_s)
+            if failed is None and not stopping:
+                failed = next((p for p in procs if p.returncode != 0), None)
+            if failed is None and not stopping:
+                remove_store_file(store_file)
+                return 0
+            _stop_all(procs)
+            remove_store_file(store_file)
+            if stopping:
+                log.warning("supervisor: stopped by signal %d; replicas stopped", stopping[0])
+                return 128 + stopping[0]
+            assert failed is not None
+            log.warning("supervisor: replica pid %d exited with %s", failed.pid, failed.returncode)
+            if attempt >= max_restarts:
+                return 1
+            attempt += 1
+            print(f"supervisor: replica {failed.pid} exited ({failed.returncode}); restart {attempt}", file=sys.stderr)
+    finally:
+        for stop, handler in previous.items():
+            signal.signal(stop, handler)
+
+
+def _stop_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to the replicas still running (after a peer died they are stuck in a collective
+    with it), then SIGKILL to any still there after 15 s."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 class Control:

@@ -164,10 +164,15 @@ def test_an_avazu_csv_end_to_end_with_no_code_but_its_schema(isolated, tmp_path)
     assert 0.0 < served.min() and served.max() < 1.0
 
 
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
-def test_a_trainer_stopped_by_its_operator_ends_its_mlflow_run_killed(isolated, tmp_path, sig):
-    """#29 item 3: Ctrl-C left the run FAILED; SIGTERM (compose, systemd) left it RUNNING forever."""
+@pytest.mark.parametrize(
+    ("sig", "workers"), [("SIGINT", 1), ("SIGTERM", 1), ("SIGTERM", 2)], ids=["SIGINT", "SIGTERM", "SIGTERM-2-replicas"]
+)
+def test_a_trainer_stopped_by_its_operator_ends_its_mlflow_run_killed(isolated, tmp_path, sig, workers):
+    """#29 item 3: Ctrl-C left the run FAILED; SIGTERM (compose, systemd) left it RUNNING forever.
+    With 2 replicas the signal goes to the supervisor's process group (as `adstream down` sends it):
+    the supervisor passes it on once, restarts nothing, and no replica outlives it."""
     import os
+    import re
     import signal
     import time
 
@@ -175,7 +180,7 @@ def test_a_trainer_stopped_by_its_operator_ends_its_mlflow_run_killed(isolated, 
 
     from tests.integration.helpers import start_cli
 
-    proc, log = start_cli(isolated, tmp_path, "train")
+    proc, log = start_cli(isolated, tmp_path, "train", "--workers", str(workers))
     client = MlflowClient(isolated.mlflow.tracking_uri)
     runs: list = []
     deadline = time.monotonic() + 90
@@ -187,3 +192,8 @@ def test_a_trainer_stopped_by_its_operator_ends_its_mlflow_run_killed(isolated, 
     os.killpg(proc.pid, getattr(signal, sig))
     proc.wait(60)
     assert client.get_run(runs[0].info.run_id).info.status == "KILLED", log.read_text()[-2000:]
+    if workers > 1:
+        text = log.read_text()
+        assert proc.returncode == 128 + signal.SIGTERM and "restart" not in text, text[-2000:]
+        replicas = [int(p) for p in re.findall(r"\d+", re.search(r"replicas \[([\d, ]+)\]", text).group(1))]
+        assert len(replicas) == workers and not any(os.path.exists(f"/proc/{p}") for p in replicas), text[-2000:]
