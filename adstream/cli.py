@@ -178,6 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
         default="256,4096",
         help="step: comma-separated batch sizes (the smallest and largest compared)",
     )
+    p.add_argument("--workers", help="merge: comma-separated worker counts (1,2,4,8)")
+    p.add_argument(
+        "--seeds", type=int, default=1, help="merge: runs per configuration, trainer seeds 0..N-1; checks on the mean"
+    )
     p.add_argument("--rate", type=float, default=500.0, help="serving: requests/s of the open-loop load")
     p.add_argument("--seconds", type=float, default=30.0, help="serving: seconds of each load phase")
     p.add_argument("--fresh-seconds", type=float, default=60.0, help="serving: seconds of producing for freshness")

@@ -455,9 +455,14 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
         result = run_store_bench(ids=args.ids, batches=args.batches, device=args.device)
     elif args.which == "merge":
-        from bench.merge import run_merge_bench
+        from bench.merge import WORKERS, run_merge_bench
 
-        result = run_merge_bench(events=args.events or 2_000_000, criteo_dir=args.criteo)
+        if args.seeds < 1:
+            raise CliError(f"bench merge --seeds {args.seeds}: use 1 or more (runs per configuration)")
+        workers = tuple(int(w) for w in args.workers.split(",")) if args.workers else WORKERS
+        result = run_merge_bench(
+            events=args.events or 2_000_000, criteo_dir=args.criteo, workers=workers, seeds=args.seeds
+        )
     elif args.which == "serving":
         from pathlib import Path
 

@@ -67,7 +67,8 @@ def _serving(plt: Any, result: dict[str, Any]) -> Any:
 def _merge(plt: Any, result: dict[str, Any]) -> Any:
     """One panel per worker count of 4 and more (of the synthetic stream): the AUC of each tenth of
     the stream for k = 1, 16, 64 and synchronous; then window AUC against bytes for every run."""
-    runs = [r for r in result["runs"] if r.get("dataset", "synthetic") == "synthetic"]
+    every = result.get("mean_runs") or result["runs"]  # with several seeds: their mean per configuration
+    runs = [r for r in every if r.get("dataset", "synthetic") == "synthetic"]
     counts = sorted({r["workers"] for r in runs if r["workers"] >= 4}) or sorted({r["workers"] for r in runs})
     figure, axes = plt.subplots(1, len(counts) + 1, figsize=(5 * (len(counts) + 1), 4), squeeze=False)
     for ax, workers in zip(axes[0], counts, strict=False):

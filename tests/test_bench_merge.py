@@ -46,3 +46,26 @@ def test_the_replicas_scores_go_back_in_stream_order():
         {"batch_of": np.array([1, 1, 3]), "probs": np.array([2.0, 3.0, 5.0])},
     ]
     assert _in_stream_order(replicas, "probs").tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_several_seeds_are_averaged_and_the_checks_taken_on_the_mean(tmp_path):
+    result = run_merge_bench(
+        events=6000,
+        criteo_dir=str(tmp_path / "none"),
+        batch_size=500,
+        workers=(2,),
+        ks=(1, 16),
+        progress=False,
+        seeds=2,
+    )
+    assert sorted({r["seed"] for r in result["runs"]}) == [0, 1] and len(result["runs"]) == 2 * 4
+    means = {(r["k"], r["layout"]): r for r in result["mean_runs"]}
+    assert len(means) == 4 and all(r["seeds"] == 2 for r in means.values())
+    k16 = [r for r in result["runs"] if r["k"] == 16]
+    assert k16[0]["window_auc"] != k16[1]["window_auc"]  # the seed reached the trainers
+    assert means[16, "replicated"]["window_auc"] == sum(r["window_auc"] for r in k16) / 2
+    assert means[16, "replicated"]["window_auc_seed_std"] > 0
+    (check,) = result["checks"]
+    assert (
+        check["window_auc_k16_minus_k1"] == means[16, "replicated"]["window_auc"] - means[1, "replicated"]["window_auc"]
+    )
