@@ -247,9 +247,9 @@ def supervise(
 ) -> int:
     """Run `program argv` (`adstream <argv>`) as `workers` replicas; restart all of them (up to
     max_restarts times) when one exits with an error or is killed. SIGTERM or SIGINT to the
-    supervisor is passed on to the replicas, which stop as their operator asked: no restart, and the supervisor
-    returns once they are gone. Returns the group's exit code (0: every replica done; 128 + the
-    signal when stopped by one)."""
+    supervisor is passed on to the replicas, which stop as their operator asked: no restart, and
+    the supervisor returns once they are gone. Returns the group's exit code (0: every replica
+    done; 128 + the signal when stopped by one)."""
     attempt, stopping = 0, []
     procs: list[subprocess.Popen[bytes]] = []
     first_thing = functools.partial(die_with_parent, os.getpid())
