@@ -1,2 +1,3 @@
 """What every package stands on and that imports nothing of the project: the error root
-(`errors.py`) and the settings checks (`checks.py`)."""
+(`errors.py`), the settings checks (`checks.py`) and child processes that die with their
+parent (`processes.py`)."""

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 import time
 from collections.abc import Callable, Sequence
+
+from common.processes import die_with_parent
 
 
 def stop_requested() -> Callable[[], bool]:
@@ -20,14 +23,19 @@ def stop_requested() -> Callable[[], bool]:
     return lambda: bool(caught)
 
 
+def _child(parent: int, target: Callable[..., object], args: tuple) -> None:
+    die_with_parent(parent)  # a parent killed with SIGKILL takes its workers with it
+    target(*args)
+
+
 def run_children(target: Callable[..., object], args: Sequence[tuple]) -> int:
     """One process per args tuple, each `target(*args)`. Returns when one exits (the others are
     stopped with SIGTERM, then SIGKILL after 30 s) or on SIGINT/SIGTERM; the exit code is the first
-    non-zero child's (0 when stopped by a signal)."""
+    non-zero child's (0 when stopped by a signal). Children never outlive this process."""
     context = multiprocessing.get_context("spawn")
     children = []
     for child_args in args:
-        child = context.Process(target=target, args=child_args)
+        child = context.Process(target=_child, args=(os.getpid(), target, child_args))
         child.start()
         children.append(child)
     stopping = stop_requested()

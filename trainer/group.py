@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from common.processes import die_with_parent
 from trainer.errors import TrainerError
 
 log = logging.getLogger("adstream.trainer")
@@ -168,23 +169,6 @@ def remove_store_file(store_file: str) -> None:
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # an operator's stop: passed on to the replicas, no restart
-PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent dies
-
-
-def die_with_parent(parent: int) -> None:
-    """Ask Linux to send this process SIGTERM when its parent dies, and exit now if the parent
-    `parent` (a pid) is already gone (it may die before the request is made). Call it first thing
-    in a child: a replica whose supervisor was killed would otherwise train on as an orphan,
-    consuming and committing beside the group a restarted supervisor starts. No-op off Linux."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
-        raise TrainerError(f"die_with_parent: prctl failed (errno {ctypes.get_errno()})")
-    if os.getppid() != parent:
-        os._exit(128 + signal.SIGTERM)
 
 
 def _entry(

@@ -1,0 +1,32 @@
+"""Child processes that never outlive their parent.
+
+Every command that runs N workers (`adstream train --workers N`, `stream --workers N`, `join
+--workers N`, the benchmarks' replica groups) starts them as children. Killed with SIGKILL, a parent
+runs no handler, and its children would go on as orphans: replicas training and committing offsets
+beside the group a restarted supervisor starts, featurizers holding partitions. So each child asks
+the kernel first thing for SIGTERM when its parent dies, which its own handlers turn into an
+orderly stop.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent dies
+
+
+def die_with_parent(parent: int) -> None:
+    """Ask Linux to send this process SIGTERM when its parent dies, and exit now if the parent
+    `parent` (a pid) is already gone (it may die before the request is made). Call it first thing
+    in a child. No-op off Linux."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "die_with_parent: prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:
+        os._exit(128 + signal.SIGTERM)
