@@ -392,6 +392,38 @@ def test_the_deltas_rule_matches_a_hand_computation_on_a_tiny_table():
             np.testing.assert_allclose(replica[i][2:], 0.0)  # SGD keeps no state
 
 
+def capped_merge_case(power: float) -> dict[int, np.ndarray]:
+    """Every rank steps row 1 (SGD at rate 1); rank 0 also row 2; then a "deltas" merge."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    table = EmbeddingTable(RamTier(6, 1 << 20), deltas_config())
+    table.put(np.array([1, 2]), torch.zeros((2, 6)), step=1)
+    table.keep_anchors()
+    ids = np.array([1, 2] if rank == 0 else [1], dtype=np.int64)
+    table.apply_grad(ids, torch.tensor(np.stack([deltas_grad(rank, i) for i in ids]), dtype=torch.float32), step=2)
+    table.mark_touched(ids)
+    average_rows(table, table.take_touched(), step=2, deltas_power=power)
+    ids, rows = table.export()
+    return {int(i): r.numpy() for i, r in zip(ids, rows)}
+
+
+@pytest.mark.parametrize("power", [0.0, 0.5])
+def test_the_deltas_rule_never_moves_a_row_more_than_twice_its_writers_mean_change(power):
+    """4 writers of row 1: the sum of their changes / 4^power would be 4x (power 0) or 2x (0.5)
+    their mean change; past MAX_DELTAS_GAIN (2) a hot row that every writer corrected by most of the
+    same error would be pushed further past the answer each merge, so 2x is the most it moves.
+    Row 2, one writer: its whole change."""
+    from trainer.merge import MAX_DELTAS_GAIN
+
+    mean_change = -np.mean([deltas_grad(r, 1) for r in range(4)], axis=0)
+    for replica in launch_local(capped_merge_case, 4, power):
+        expected_gain = min(4 ** (1 - power), MAX_DELTAS_GAIN)
+        np.testing.assert_allclose(replica[1][:2], expected_gain * mean_change, rtol=1e-6)
+        np.testing.assert_allclose(replica[2][:2], -deltas_grad(0, 2), rtol=1e-6)
+    assert MAX_DELTAS_GAIN == 2.0
+
+
 @pytest.mark.parametrize("sparse", ["sgd", "adagrad"])
 def test_the_deltas_rule_at_power_1_is_the_mean_rule(sparse):
     """Power 1 adds the writers' mean change to where they started: the mean of their rows, which

@@ -12,8 +12,9 @@ k-step merging (Baidu's ads trainers): each replica runs Adam locally; every k s
       "deltas" (the default): each writer sends its change since the last merge and the row it
         started from (its anchor, kept by the table); the merged row is the anchor plus the
         sum of the changes / writers^p (p = row_deltas_power, 0.5): between the writers' mean
-        change (p = 1) and a parameter server's sum of every change (p = 0). State moves with
-        the vector; FTRL's weights are then re-derived from the merged z and n;
+        change (p = 1) and a parameter server's sum of every change (p = 0), and at most twice
+        their mean change (MAX_DELTAS_GAIN: beyond 4 writers writers^0.5 would pass it). State
+        moves with the vector; FTRL's weights are then re-derived from the merged z and n;
       "mean": each writer sends its row; the merged row is their mean (p = 1 above).
 A row is merged over the replicas that updated it. A replica that only holds the copy from the
 last merge (or expired the row) adds nothing new and is left out, so a rare feature seen by one
@@ -44,6 +45,12 @@ from store.sparse_optim import column_lr, ftrl_weights, join_rows, split_rows
 from store.table import EmbeddingTable
 
 BUCKET_BYTES = 16 << 20  # dense all-reduce message size: few large messages, bounded extra memory
+# "deltas" moves a row by at most this many times its writers' mean change. Every writer of a hot
+# row corrects the same error e; if each removes a fraction f of it (0..1) and the merge applies
+# g times their mean change, the error left is (1 - g f) e, which grows for f > 2 / g. With g = 2
+# no row can diverge however fast it learns; writers^0.5 passes 2 beyond 4 writers (8 writers,
+# 2M synthetic events: a seed whose window AUC fell to 0.70 under 8^0.5, see the README).
+MAX_DELTAS_GAIN = 2.0
 
 
 @dataclass(frozen=True)
@@ -177,7 +184,8 @@ def average_rows(
     deltas_power None (trainer.group.row_merge "mean"): each row the mean of the writers' rows.
     A number a (row_merge "deltas"): the row the writers started from (its anchor, kept by the
     table: EmbeddingTable.keep_anchors) plus the sum of their changes divided by writers^a (a = 1:
-    their mean change, 0: every change, as a parameter server applies them), state and all; under
+    their mean change, 0: every change, as a parameter server applies them), and never more than
+    MAX_DELTAS_GAIN times their mean change, state and all; under
     FTRL the weights are then the ones the merged z and n stand for. Returns (rows merged, bytes sent)."""
     deltas = deltas_power is not None
     union, sent = union_ids(touched, group)
@@ -201,7 +209,8 @@ def average_rows(
     summed, count = touchers_mean(payload.cpu())
     if deltas_power is not None:
         width, writers = table.tier.width, count.clamp(min=1)[:, None]
-        merged = summed[:, width:] + summed[:, :width] * writers.pow(1 - deltas_power)
+        gain = writers.pow(1 - deltas_power).clamp(max=MAX_DELTAS_GAIN)  # x the writers' mean change
+        merged = summed[:, width:] + summed[:, :width] * gain
         if table.config.optim.name == "ftrl":
             merged = _ftrl_weights_of_state(merged, table)
     else:

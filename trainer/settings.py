@@ -128,8 +128,9 @@ class GroupSettings:
     merge_every_s: float = at_least(0, 0.0)  # also merge this many seconds after the last merge; 0 = only every k steps
     # how a merge combines a row several replicas wrote (trainer/merge.py): "deltas", their changes
     # since the last merge added up on the row they started from and divided by writers ^
-    # row_deltas_power (1: their mean change; 0: every change, as a parameter server; FTRL's
-    # weights re-derived from the merged z and n), or "mean", the mean of their rows. 2M synthetic
+    # row_deltas_power (1: their mean change; 0: every change, as a parameter server), never more
+    # than twice their mean change (merge.MAX_DELTAS_GAIN; FTRL's weights re-derived from the
+    # merged z and n), or "mean", the mean of their rows. 2M synthetic
     # events, 4 workers, k = 16, the window AUC of the stream's last 20%: "deltas" 0.8252, "mean"
     # 0.8236, synchronous 0.8262 (`adstream bench merge`: "deltas" at 2/4/8 workers in the README)
     row_merge: str = one_of(("mean", "deltas"), "deltas")
