@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Callable
 
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent dies
 
@@ -30,3 +31,16 @@ def die_with_parent(parent: int) -> None:
         raise OSError(ctypes.get_errno(), "die_with_parent: prctl(PR_SET_PDEATHSIG) failed")
     if os.getppid() != parent:
         os._exit(128 + signal.SIGTERM)
+
+
+def stop_requested() -> Callable[[], int]:
+    """Catch SIGTERM and SIGINT from now on (an operator's stop; call it from the main thread); the
+    returned function gives the first signal caught, 0 while none has come."""
+    caught: list[int] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        caught.append(signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return lambda: caught[0] if caught else 0

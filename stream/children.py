@@ -4,23 +4,10 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import signal
 import time
 from collections.abc import Callable, Sequence
 
-from common.processes import die_with_parent
-
-
-def stop_requested() -> Callable[[], bool]:
-    """Catch SIGTERM and SIGINT from now on; the returned function says whether one came."""
-    caught: list[int] = []
-
-    def on_signal(signum: int, frame: object) -> None:
-        caught.append(signum)
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    return lambda: bool(caught)
+from common.processes import die_with_parent, stop_requested
 
 
 def _child(parent: int, target: Callable[..., object], args: tuple) -> None:

@@ -383,7 +383,7 @@ def collect_garbage_rarely() -> None:
 def run_joiner(kafka: KafkaSettings, settings: StreamSettings, worker: int = 0, workers: int = 1) -> None:
     """Run one joiner worker until SIGTERM/SIGINT; a write Kafka refuses for good ends the process
     with status 70 after what is committed (nothing is lost: a restart resends)."""
-    from stream.children import stop_requested
+    from common.processes import stop_requested
     from stream.topics import ensure_topics
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")

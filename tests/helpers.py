@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -164,3 +165,26 @@ def avazu_csv(path: Path, rows: int, bad_rows: tuple[int, ...] = (), seed: int =
         lines.append(",".join(values))
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+# child processes (tests/test_group.py, test_children.py): pids written to files, gone or not
+def pid_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if not p.name.endswith(".new"))
+
+
+def running(pid: int) -> bool:
+    """A live process (a zombie nobody reaped yet counts as gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "State:\tZ" not in status
+
+
+def gone_within(pids: list[int], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while any(running(p) for p in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True

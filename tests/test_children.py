@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.test_group import gone_within, pid_files, running
+from tests.helpers import gone_within, pid_files, running
 
 
 def nap(folder: str, name: str) -> None:

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tests.helpers import gone_within, pid_files, running
 from trainer.group import launch_local
 
 LOOPBACK = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}  # 127.0.0.1, ::1
@@ -112,10 +113,6 @@ REPLICA = (  # writes its pid to a file named attempt-rank in the folder argv[1]
 )
 
 
-def pid_files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if not p.name.endswith(".new"))
-
-
 def start_supervisor(folder: Path) -> tuple[subprocess.Popen[str], list[int]]:
     """A supervisor of 2 replicas that write their pid to `folder` and sleep; returns it and their pids."""
     script = (
@@ -129,24 +126,6 @@ def start_supervisor(folder: Path) -> tuple[subprocess.Popen[str], list[int]]:
         assert time.monotonic() < deadline, "the replicas never started"
         time.sleep(0.1)
     return sup, [int(p.read_text()) for p in pid_files(folder)]
-
-
-def running(pid: int) -> bool:
-    """A live process (a zombie nobody reaped yet counts as gone)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return False
-    return "State:\tZ" not in status
-
-
-def gone_within(pids: list[int], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while any(running(p) for p in pids):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 def test_replicas_die_with_a_supervisor_killed_with_sigkill(tmp_path):

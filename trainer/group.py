@@ -9,8 +9,8 @@ complete snapshot. Backend: NCCL on CUDA, gloo on CPU.
 
 Replicas never outlive the process that started them: each asks the kernel for SIGTERM when its
 parent dies (`die_with_parent`), so a supervisor killed with SIGKILL leaves no group training on
-its own, and a supervisor sent SIGTERM or SIGINT passes it on to its replicas (in a process group
-of their own, so they get it once) and waits for them instead of restarting them.
+its own, and a supervisor sent SIGTERM or SIGINT stops its replicas with SIGTERM (they run in a
+process group of their own, so they get one signal) and waits for them instead of restarting them.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -35,7 +34,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from common.processes import die_with_parent
+from common.processes import die_with_parent, stop_requested
 from trainer.errors import TrainerError
 
 log = logging.getLogger("adstream.trainer")
@@ -168,9 +167,6 @@ def remove_store_file(store_file: str) -> None:
     shutil.rmtree(Path(store_file).parent, ignore_errors=True)
 
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # an operator's stop: passed on to the replicas, no restart
-
-
 def _entry(
     fn: Callable[..., Any], rank: int, world: int, store_file: str, device: str, queue: Any, args: tuple, parent: int
 ) -> None:
@@ -231,56 +227,43 @@ def supervise(
 ) -> int:
     """Run `program argv` (`adstream <argv>`) as `workers` replicas; restart all of them (up to
     max_restarts times) when one exits with an error or is killed. SIGTERM or SIGINT to the
-    supervisor is passed on to the replicas, which stop as their operator asked: no restart, and
-    the supervisor returns once they are gone. Returns the group's exit code (0: every replica
+    supervisor stops the replicas (SIGTERM, which they take as their operator's stop): no restart,
+    and the supervisor returns once they are gone. Returns the group's exit code (0: every replica
     done; 128 + the signal when stopped by one)."""
-    attempt, stopping = 0, []
-    procs: list[subprocess.Popen[bytes]] = []
+    attempt, stopping = 0, stop_requested()
     first_thing = functools.partial(die_with_parent, os.getpid())
-
-    def pass_on(signum: int, frame: object) -> None:
-        stopping.append(signum)
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signum)
-
-    main = threading.current_thread() is threading.main_thread()  # where Python lets handlers be set
-    previous = {s: signal.signal(s, pass_on) for s in STOP_SIGNALS} if main else {}
-    try:
-        while True:
-            store_file = new_store_file()  # a fresh rendezvous per attempt
-            procs.clear()
-            for rank in range(workers):
-                env = {**os.environ, **group_env(rank, workers, store_file), "ADSTREAM_ATTEMPT": str(attempt)}
-                out = None if rank == 0 else subprocess.DEVNULL  # rank 0 prints the job's summary
-                # a process group of its own: a signal for the whole job (Ctrl-C, `adstream down`)
-                # reaches the replicas once, passed on by the supervisor, not twice
-                cmd = [*program, *argv]
-                procs.append(subprocess.Popen(cmd, env=env, stdout=out, preexec_fn=first_thing, process_group=0))
-            log.warning("supervisor: attempt %d, replicas %s", attempt, [p.pid for p in procs])
-            failed = None
-            while failed is None and not stopping and any(p.poll() is None for p in procs):
-                failed = next((p for p in procs if p.poll() not in (None, 0)), None)
-                time.sleep(poll_s)
-            if failed is None and not stopping:
-                failed = next((p for p in procs if p.returncode != 0), None)
-            if failed is None and not stopping:
+    while True:
+        store_file = new_store_file()  # a fresh rendezvous per attempt
+        procs = []
+        for rank in range(workers):
+            env = {**os.environ, **group_env(rank, workers, store_file), "ADSTREAM_ATTEMPT": str(attempt)}
+            out = None if rank == 0 else subprocess.DEVNULL  # rank 0 prints the job's summary
+            # a process group of its own: a signal for the whole job (Ctrl-C, `adstream down`)
+            # reaches the replicas once, from the supervisor, not twice
+            cmd = [*program, *argv]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=out, preexec_fn=first_thing, process_group=0))
+        log.warning("supervisor: attempt %d, replicas %s", attempt, [p.pid for p in procs])
+        failed = None
+        while failed is None and not stopping() and any(p.poll() is None for p in procs):
+            failed = next((p for p in procs if p.poll() not in (None, 0)), None)
+            time.sleep(poll_s)
+        stopped = stopping()
+        if failed is None and not stopped:
+            failed = next((p for p in procs if p.returncode != 0), None)
+            if failed is None:
                 remove_store_file(store_file)
                 return 0
-            _stop_all(procs)
-            remove_store_file(store_file)
-            if stopping:
-                log.warning("supervisor: stopped by signal %d; replicas stopped", stopping[0])
-                return 128 + stopping[0]
-            assert failed is not None
-            log.warning("supervisor: replica pid %d exited with %s", failed.pid, failed.returncode)
-            if attempt >= max_restarts:
-                return 1
-            attempt += 1
-            print(f"supervisor: replica {failed.pid} exited ({failed.returncode}); restart {attempt}", file=sys.stderr)
-    finally:
-        for stop, handler in previous.items():
-            signal.signal(stop, handler)
+        _stop_all(procs)
+        remove_store_file(store_file)
+        if stopped:
+            log.warning("supervisor: stopped by signal %d; replicas stopped", stopped)
+            return 128 + stopped
+        assert failed is not None
+        log.warning("supervisor: replica pid %d exited with %s", failed.pid, failed.returncode)
+        if attempt >= max_restarts:
+            return 1
+        attempt += 1
+        print(f"supervisor: replica {failed.pid} exited ({failed.returncode}); restart {attempt}", file=sys.stderr)
 
 
 def _stop_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
