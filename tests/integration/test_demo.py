@@ -23,11 +23,12 @@ def test_the_demo_gives_the_same_honest_answer_twice(isolated, tmp_path):
         assert run["progressive_auc"] > 0.6  # a learner that resumed and stopped at once sat at 0.48
     assert first["ground_truth_auc"] == second["ground_truth_auc"]  # the same world
     assert first["events_topic"] != second["events_topic"]  # ... replayed into a scope of its own
-    # the answer compared is the served model's AUC on the same fresh events (measured over 4 runs:
-    # 0.7871-0.7886); the progressive AUC scores a model on its way, and the path is set by the
-    # order two live inputs arrive in (measured 0.71-0.75): it is only held above chance
+    # the answer compared is the served model's AUC on the same fresh events (measured over 11 runs:
+    # 0.7869-0.7886, and once 0.7980 in CI: the live inputs' arrival order sets the learner's path,
+    # and once in a while a better one, so the two runs are held within 0.02, not 0.01); the
+    # progressive AUC scores a model on its way (measured 0.66-0.77): it is only held above chance
     for run in (first, second):
         assert run["served_auc"] > run["served_ground_truth_auc"] - 0.1
     assert first["served_ground_truth_auc"] == second["served_ground_truth_auc"]
-    assert abs(first["served_auc"] - second["served_auc"]) < 0.01
+    assert abs(first["served_auc"] - second["served_auc"]) < 0.02
     assert first["model_version"] != second["model_version"]
