@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint bench bench-accuracy bench-store bench-merge bench-serving bench-step lock down clean
+.PHONY: setup demo test lint bench bench-accuracy bench-store bench-merge bench-serving bench-step peers bench-peer lock down clean
 
 setup: $(VENV)/.installed
 
@@ -40,6 +40,20 @@ bench-serving: setup
 
 bench-step: setup
 	$(BIN)/adstream bench step --json .state/bench-step.json
+
+# the peers `adstream bench step --peer NAME` times beside adstream, each in an environment of its
+# own (TorchRec's FBGEMM does not load under the project's torch); not part of `make test`
+PEERS := .peers
+peers: $(PEERS)/torchrec/.installed
+
+$(PEERS)/torchrec/.installed: bench/peers/torchrec.lock
+	test -x $(PEERS)/torchrec/bin/python || $(PY) -m venv $(PEERS)/torchrec
+	$(PEERS)/torchrec/bin/pip install -q --no-deps -r bench/peers/torchrec.lock
+	$(PEERS)/torchrec/bin/python -c "import torchrec.modules.fused_embedding_modules, fbgemm_gpu"
+	touch $@
+
+bench-peer: setup peers
+	$(BIN)/adstream bench step --batch-sizes 4096 --peer torchrec --json .state/bench-step-torchrec.json
 
 lock:
 	$(BIN)/pip freeze --exclude-editable | grep -v '^adstream' > requirements.lock.new && mv requirements.lock.new requirements.lock

@@ -178,6 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="256,4096",
         help="step: comma-separated batch sizes (the smallest and largest compared)",
     )
+    p.add_argument(
+        "--peer",
+        choices=["torchrec"],
+        help="step: also time this peer on the same batches, in its own environment (`make peers` builds it)",
+    )
     p.add_argument("--workers", help="merge: comma-separated worker counts (1,2,4,8)")
     p.add_argument(
         "--seeds", type=int, default=1, help="merge: runs per configuration, trainer seeds 0..N-1; checks on the mean"

@@ -489,7 +489,9 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
         config = _config(args)
         sizes = _batch_sizes(args.batch_sizes)
-        result = run_step_bench(_schema(config), config.trainer, args.events or 200_000, sizes, args.device)
+        result = run_step_bench(
+            _schema(config), config.trainer, args.events or 200_000, sizes, args.device, peer=args.peer
+        )
     elif args.which == "join":
         from pathlib import Path
 

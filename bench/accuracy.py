@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from rich.progress import Progress
 
-from bench.baseline import BaselineDeepFM, baseline_config, online_lr
+from bench.baseline import PlainTorch, baseline_config, online_lr
 from bench.pipeline import criteo_files
 from common.checks import flat_fields, with_changes
 from stream.ingest import featurize_records
@@ -125,7 +125,7 @@ def baseline_learner(schema: Schema) -> Learner:
 
     def learn(features: FeatureBatch, batch_size: int) -> np.ndarray:
         torch.manual_seed(0)
-        baseline = BaselineDeepFM(baseline_config(model_config(schema, TrainerSettings())), lr=0.001, sparse_lr=0.01)
+        baseline = PlainTorch(baseline_config(model_config(schema, TrainerSettings())), lr=0.001, sparse_lr=0.01)
         return np.concatenate([baseline.train_step(batch_from_features([p])) for p in features.split(batch_size)])
 
     return learn

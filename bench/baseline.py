@@ -1,8 +1,11 @@
 """The baselines adstream is measured against.
 
-- BaselineDeepFM: what a competent PyTorch user would write, a DeepFM head over a hashed
-  nn.EmbeddingBag(sparse=True) table, SparseAdam for the table and Adam for the dense part (pass a
-  ModelConfig with kind "deepfm" and dense_norm False for the plain model).
+- PlainTorch: what a competent PyTorch user would write, one of adstream's model heads (CtrModel)
+  over a hashed nn.EmbeddingBag(sparse=True) table, SparseAdam for the table and Adam for the dense
+  part. Two heads are used: `baseline_config` (a plain DeepFM of its own width: the accuracy
+  baseline) and `like_for_like` (adstream's own model family and sizes: the speed baseline of
+  `bench step` and `bench pipeline`, whose ratio then measures the store, the optimizers and the
+  per-event machinery, not the model).
 - online_lr: an online logistic regression (river, AdaGrad, one event at a time) on one-hot ids of
   the categorical fields, signed log1p integers and a flag per missing integer.
 """
@@ -42,7 +45,13 @@ def baseline_config(ours: ModelConfig) -> ModelConfig:
     return replace(ours, kind="deepfm", dense_norm=False, embed_dim=BASELINE_EMBED_DIM, cross_rank=0)
 
 
-class BaselineDeepFM:
+def like_for_like(ours: ModelConfig) -> ModelConfig:
+    """The plain loop's head for speed figures: adstream's model `ours` itself (family, width,
+    cross and MLP sizes), without the online normalization of the dense floats."""
+    return replace(ours, dense_norm=False)
+
+
+class PlainTorch:
     def __init__(self, config: ModelConfig, table_bits: int = 21, lr: float = 0.001, sparse_lr: float = 0.01):
         self.config = config
         self.bits = table_bits
@@ -52,9 +61,10 @@ class BaselineDeepFM:
         # plain: torch's default init for the MLP's output layer too (adstream's models start it at zero)
         generator_state = torch.random.get_rng_state()
         torch.manual_seed(config.seed)
-        output = self.head.mlp[-1]
-        assert isinstance(output, nn.Linear)
-        output.reset_parameters()
+        if hasattr(self.head, "mlp"):
+            output = self.head.mlp[-1]
+            assert isinstance(output, nn.Linear)
+            output.reset_parameters()
         torch.random.set_rng_state(generator_state)
         self.sparse_opt = torch.optim.SparseAdam(self.embedding.parameters(), lr=sparse_lr)
         self.dense_opt = torch.optim.Adam(self.head.parameters(), lr=lr)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.baseline import BaselineDeepFM, baseline_config, online_lr
+from bench.baseline import PlainTorch, baseline_config, like_for_like, online_lr
 from stream.ingest import featurize_records
 from stream.records import FeatureBatch, RawRecord
 from stream.replay import log_records, replay, synthetic_records
@@ -127,7 +127,7 @@ def _faust_rate(
 
 def _progressive(schema: Schema, batches: list[Batch], settings: TrainerSettings) -> dict[str, float]:
     ours = Trainer(schema, settings)
-    baseline = BaselineDeepFM(baseline_config(ours.model_config))
+    baseline = PlainTorch(baseline_config(ours.model_config))
     base_metrics = ProgressiveMetrics()
     for batch in batches:
         ours.learn(batch)
@@ -241,7 +241,7 @@ def run_pipeline_bench(
     for batch in batches:
         trainer.learn(batch)
     result["train_samples_per_s"] = _rate(events, time.perf_counter() - start)
-    baseline = BaselineDeepFM(baseline_config(trainer.model_config))
+    baseline = PlainTorch(like_for_like(trainer.model_config))  # the same model: the ratio is our machinery's
     start = time.perf_counter()
     for batch in batches:
         baseline.train_step(batch)

@@ -10,6 +10,16 @@ first, then the timed rest. Two ratios answer the questions this benchmark exist
 `ms_per_step` is wall time per step; on CUDA each step ends in a sync (the step's predictions
 come back to the host), so it is the step's whole time.
 
+`host_ms_per_step` is the rest of a step: ms_per_step - network_ms_per_step (dedup, index probes,
+initial vectors, gathers, the per-event wide pass, the row and dense optimizers' updates).
+
+Beside adstream, on the CPU, on the same batches: a plain PyTorch loop of the same model
+(bench/baseline.py `like_for_like`: nn.EmbeddingBag + SparseAdam, Adam on the network) at every
+batch size, and the `lr` family's step at the largest (the host work a GPU cannot hide, since
+that family has next to no network; the median of LR_RUNS runs). With `peer="torchrec"`, the
+TorchRec peer (bench/peer.py) at the largest batch. `targets` holds the issue's floors, each
+[measured, floor, met].
+
 Beside each run, the network alone: forward, loss and backward of the same model on random
 inputs of the batch's shapes (no lookup, no optimizer, no row update), `network_ms_per_step`. It
 is the part of a step no trainer code can shave on that device, so `batch_speedup_ceiling` (the
@@ -32,14 +42,23 @@ import torch.nn.functional as F
 from rich.progress import Progress
 
 from bench.accuracy import synthetic_stream
+from bench.baseline import PlainTorch, like_for_like
+from bench.peer import dense_macs_per_event, part_sizes, run_peer
+from common.checks import with_changes
 from stream.records import FeatureBatch
 from stream.schema import Schema
 from trainer.batch import batch_from_features
-from trainer.model import CtrModel
+from trainer.configs import model_config
+from trainer.model import CtrModel, ModelConfig
 from trainer.replica import Trainer
 from trainer.settings import TrainerSettings
 
 WARMUP_SHARE = 0.1  # of the events, learned before the clock starts (compiles, allocations, the first rows)
+LR_RUNS = 3  # runs of the lr family's step; its figures are the median run's
+
+
+def _host(run: dict[str, Any]) -> float:
+    return float(run["host_ms_per_step"])
 
 
 def time_steps(schema: Schema, settings: TrainerSettings, features: FeatureBatch, batch: int) -> dict[str, Any]:
@@ -59,6 +78,7 @@ def time_steps(schema: Schema, settings: TrainerSettings, features: FeatureBatch
     seconds = time.perf_counter() - start
     events = sum(len(part) for part in timed)
     network_ms = time_network(trainer.model, batch, settings.device, repeats=max(3, min(len(timed), 20)))
+    rows = len(trainer.table)
     if settings.store.kind == "tiered":
         trainer.table.tier.close()  # type: ignore[attr-defined] # its RocksDB, before the next run opens one
     return {
@@ -70,7 +90,25 @@ def time_steps(schema: Schema, settings: TrainerSettings, features: FeatureBatch
         "events_per_s": events / seconds if seconds else 0.0,
         "ms_per_step": 1000 * seconds / max(len(timed), 1),
         "network_ms_per_step": network_ms,
+        "host_ms_per_step": max(1000 * seconds / max(len(timed), 1) - network_ms, 0.0),
+        "store_rows": rows,
     }
+
+
+def time_plain(config: ModelConfig, features: FeatureBatch, batch: int) -> dict[str, Any]:
+    """The plain PyTorch loop of adstream's model `config` (like_for_like) on the same batches, timed as time_steps."""
+    torch.manual_seed(0)
+    plain = PlainTorch(like_for_like(config))
+    parts = [batch_from_features([part]) for part in features.split(batch)]
+    warmup = max(1, int(len(parts) * WARMUP_SHARE))
+    for part in parts[:warmup]:
+        plain.train_step(part)
+    start = time.perf_counter()
+    for part in parts[warmup:]:
+        plain.train_step(part)
+    seconds = time.perf_counter() - start
+    events = sum(len(part) for part in parts[warmup:])
+    return {"batch": batch, "events": events, "seconds": seconds, "events_per_s": events / seconds if seconds else 0.0}
 
 
 def time_network(model: CtrModel, batch: int, device: str, repeats: int) -> float:
@@ -107,9 +145,12 @@ def run_step_bench(
     batch_sizes: tuple[int, ...] = (256, 4096),
     device: str = "cpu",
     progress: bool = True,
+    peer: str | None = None,
 ) -> dict[str, Any]:
-    """Every (device, batch size) pair, the CPU's first. JSON-ready."""
+    """Every (device, batch size) pair, the CPU's first, the plain loop and the `lr` family beside
+    them, and the peer's run if asked. JSON-ready."""
     features = synthetic_stream(schema, events, drift=0.0).features
+    config = model_config(schema, settings)
     devices = ["cpu"] if device == "cpu" else ["cpu", device]
     result: dict[str, Any] = {
         "events": events,
@@ -124,15 +165,27 @@ def run_step_bench(
         "runs": [],
     }
     with Progress(disable=not progress) as bar, tempfile.TemporaryDirectory(prefix="bench-step-") as work:
-        task = bar.add_task("bench step", total=len(devices) * len(batch_sizes))
+        task = bar.add_task("bench step", total=len(devices) * len(batch_sizes) + len(batch_sizes) + 1 + bool(peer))
         for name in devices:
             for batch in batch_sizes:
                 store = replace(settings.store, path=f"{work}/{name}-{batch}")  # the tiered store's own RocksDB
                 run = time_steps(schema, replace(settings, device=name, store=store), features, batch)
                 result["runs"].append(run)
                 bar.advance(task)
+        low, high = min(batch_sizes), max(batch_sizes)
+        result["plain_torch"] = []
+        for batch in batch_sizes:
+            result["plain_torch"].append(time_plain(config, features, batch))
+            bar.advance(task)
+        lr_settings = with_changes(settings, {"device": "cpu", "model.kind": "lr", "store.path": f"{work}/lr"})
+        # a step of ~6 ms on a shared 2-core machine varies by +-1 ms from run to run: the median of LR_RUNS
+        lr_runs = sorted((time_steps(schema, lr_settings, features, high) for _ in range(LR_RUNS)), key=_host)
+        result["lr_family"] = {**lr_runs[len(lr_runs) // 2], "host_ms_per_step_runs": [_host(r) for r in lr_runs]}
+        bar.advance(task)
+        if peer:
+            result["peer"] = run_peer(peer, features, config, settings, high, WARMUP_SHARE)
+            bar.advance(task)
     speed = {(r["device"], r["batch"]): r["events_per_s"] for r in result["runs"]}
-    low, high = min(batch_sizes), max(batch_sizes)
     result["batch_speedup"] = {name: speed[name, high] / speed[name, low] for name in devices}
     network = {(r["device"], r["batch"]): r["network_ms_per_step"] for r in result["runs"]}
     result["batch_speedup_ceiling"] = {
@@ -140,4 +193,36 @@ def run_step_bench(
     }
     if device != "cpu":
         result["device_vs_cpu"] = {str(batch): speed[device, batch] / speed["cpu", batch] for batch in batch_sizes}
+    plain = {run["batch"]: run["events_per_s"] for run in result["plain_torch"]}
+    result["vs_plain_torch"] = {str(batch): speed["cpu", batch] / plain[batch] for batch in batch_sizes}
+    if peer and "error" not in result["peer"]:
+        result["like_for_like"] = like_for_like_check(config, result["peer"], result["runs"])
+        result["vs_peer"] = speed["cpu", high] / result["peer"]["events_per_s"]
+        result["lr_family_vs_peer"] = result["lr_family"]["events_per_s"] / result["peer"]["runs"]["lr"]["events_per_s"]
+    result["targets"] = check_targets(result, high)
     return result
+
+
+def like_for_like_check(config: ModelConfig, peer: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """adstream's and the peer's parameters per part and dense multiply-adds per event, side by side;
+    `same` when every dense part and the rows match (the rows: the store held as many as the peer's
+    tables, each E + 1 wide)."""
+    model = CtrModel(config)
+    rows = max(run["store_rows"] for run in runs if run["device"] == "cpu")
+    ours = {"params": part_sizes(model, rows), "dense_macs_per_event": dense_macs_per_event(model)}
+    theirs = {"params": peer["params"], "dense_macs_per_event": peer["dense_macs_per_event"]}
+    return {"adstream": ours, "peer": theirs, "same": ours == theirs}
+
+
+def check_targets(result: dict[str, Any], high: int) -> dict[str, Any]:
+    """The issue's floors at the largest batch on the CPU, each [measured, floor, met]."""
+    plain = result["vs_plain_torch"][str(high)]
+    lr_host = result["lr_family"]["host_ms_per_step"]
+    targets: dict[str, Any] = {
+        f"default model >= 0.8x plain PyTorch of the same model (batch {high})": [plain, 0.8, plain >= 0.8],
+        f"lr family host work <= 6 ms per step (batch {high})": [lr_host, 6.0, lr_host <= 6.0],
+    }
+    if "vs_peer" in result:
+        ratio = result["vs_peer"]
+        targets[f"default model >= 0.8x TorchRec (batch {high}, CPU)"] = [ratio, 0.8, ratio >= 0.8]
+    return targets

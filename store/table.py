@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from store.admission import AdmissionSketch
+from store.dedup import unique_inverse
 from store.errors import StoreError
 from store.init import initial_vectors
 from store.sparse_optim import SparseOptimConfig, cowclip, row_width, sparse_step, split_row_grads, vectors_of
@@ -150,20 +151,19 @@ class EmbeddingTable:
         found = self._lookup(ids, device, columns)
         if self._next_ids is not None:  # this batch's reads are done: start on the next one's
             flat = self._next_ids.reshape(-1)
-            unique, inverse = np.unique(flat, return_inverse=True)
-            self._announced = (flat, unique, inverse.reshape(-1))
+            unique, inverse = unique_inverse(flat)
+            self._announced = (flat, unique, inverse)
             self.tier.prefetch(unique)
             self._next_ids = None
         return found
 
     def _unique(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """np.unique(flat, return_inverse=True), from the announcement if these are the announced ids."""
+        """unique_inverse(flat), from the announcement if these are the announced ids."""
         announced = self._announced
         if announced is not None and np.array_equal(announced[0], flat):
             self._announced = None
             return announced[1], announced[2]
-        unique, inverse = np.unique(flat, return_inverse=True)
-        return unique, inverse.reshape(-1)
+        return unique_inverse(flat)
 
     def _lookup(self, ids: np.ndarray, device: torch.device | str, columns: np.ndarray | None) -> Lookup:
         flat = ids.reshape(-1)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+import store.table as store_table
 from store.errors import StoreError
 from store.hierarchy import HierarchyConfig, TieredStore
 from store.ram import RamTier
@@ -214,15 +215,15 @@ def test_a_prefetched_row_written_after_the_prefetch_is_read_new(tmp_path):
 
 
 def test_an_announced_batchs_dedup_is_reused_only_by_its_own_lookup(tmp_path, monkeypatch):
-    """The announced batch's np.unique is worked out at its prefetch; a lookup of other ids in
+    """The announced batch's dedup is worked out at its prefetch; a lookup of other ids in
     between (a merge, a prediction) gets its own, and the announced batch's lookup reuses it."""
     table = EmbeddingTable(tiny_hierarchy(tmp_path / "h", width=6), TableConfig(dim=2))
     announced, current, other = (np.array([[5, 3], [3, 9]]), np.array([[1, 2]]), np.array([[4, 4, 8]]))
     table.prefetch(announced)
     table.lookup(current)
     calls = []
-    real_unique = np.unique
-    monkeypatch.setattr(np, "unique", lambda *a, **k: calls.append(1) or real_unique(*a, **k))
+    real_unique = store_table.unique_inverse
+    monkeypatch.setattr(store_table, "unique_inverse", lambda *a: calls.append(1) or real_unique(*a))
     between = table.lookup(other)
     assert calls and between.unique_ids.tolist() == [4, 8] and between.inverse.tolist() == [0, 0, 1]
     calls.clear()

@@ -112,6 +112,8 @@ class _Config:
 class _Rows:
     """A stand-in model that returns what it is given: the (B, F + L, E+1) rows."""
 
+    reads_factors = True
+
     def __init__(self, pooling: str) -> None:
         self.config = _Config((pooling,))
 

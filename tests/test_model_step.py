@@ -110,3 +110,33 @@ def test_a_schema_without_dense_fields_builds_its_model_quietly():
         warnings.simplefilter("error")
         trainer = Trainer(load_schema("avazu"), TrainerSettings(store=StoreSettings(ram_bytes=1 << 26)))
     assert trainer.model.dense_linear.weight.shape == (1, 0)
+
+
+def _lr_run(monkeypatch, full_rows: bool) -> tuple[list[np.ndarray], np.ndarray]:
+    """Five lr steps from one seed; full_rows gathers every column as the other families do."""
+    if full_rows:
+        monkeypatch.setattr(CtrModel, "reads_factors", property(lambda self: True))
+    config = ModelConfig(num_fields=39, num_dense=13, embed_dim=4, kind="lr")
+    table = EmbeddingTable(
+        RamTier(3 * config.row_dim, 1 << 24), TableConfig(dim=config.row_dim, optim=SparseOptimConfig("ftrl", lr=0.05))
+    )
+    model = CtrModel(config)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    batch = fixed_batch()
+    probs = [train_step(model, optimizer, table, batch, step).probs for step in range(1, 6)]
+    rows, _ = table.tier.read(np.unique(batch.ids))
+    return probs, rows.numpy()
+
+
+def test_the_lr_family_gathers_only_first_order_weights_and_learns_the_same(monkeypatch):
+    """lr reads no factors, so its step gathers (u, 1) rows, not (u, E+1): the same scores and rows
+    (the factor columns' gradient is zero either way)."""
+    assert not CtrModel(ModelConfig(39, 13, 4, kind="lr")).reads_factors
+    assert all(CtrModel(ModelConfig(39, 13, 4, kind=kind)).reads_factors for kind in ("fm", "deepfm", "dcn"))
+    narrow_probs, narrow_rows = _lr_run(monkeypatch, full_rows=False)
+    full_probs, full_rows = _lr_run(monkeypatch, full_rows=True)
+    # equal to float rounding: a sum over a contiguous (B, F) and over a strided view adds in another order
+    for a, b in zip(narrow_probs, full_probs, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(narrow_rows, full_rows, rtol=1e-5, atol=1e-7)
+    assert not np.array_equal(narrow_probs[0], narrow_probs[-1])  # it learned

@@ -169,9 +169,16 @@ class CtrModel(nn.Module):
             self.mlp = _mlp(width, config.hidden)
         torch.random.set_rng_state(generator_state)
 
+    @property
+    def reads_factors(self) -> bool:
+        """Whether forward reads the rows' factor columns (every family but lr); without them it
+        takes rows of width 1, the first-order weights alone."""
+        return self.family.fm or self.family.mlp
+
     def forward(self, rows: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        """rows (B, F, E+1), or (B, F, 1) when not reads_factors; dense (B, D) -> logits (B,)."""
         family, e = self.family, self.config.embed_dim
-        factors, first = rows[..., :e], rows[..., e]  # (B, F, E), (B, F)
+        factors, first = rows[..., :e], rows[..., -1]  # (B, F, E), (B, F)
         dense = self.norm(dense)
         logit = self.bias + first.sum(dim=1) + self.dense_linear(dense).squeeze(1)
         if family.fm:

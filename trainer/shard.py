@@ -33,6 +33,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from store.dedup import unique_inverse
 from store.placement import shard_of
 from store.ram import RamTier
 from store.sparse_optim import row_width, vectors_of, wide_columns
@@ -92,7 +93,7 @@ class ShardedTable:
     def lookup(self, ids: np.ndarray, device: torch.device | str = "cpu", columns: np.ndarray | None = None) -> Lookup:
         """Steps 1-2: ids int64 (any shape) -> the Lookup of their rows, read from their owners.
         Collective. (Frequency admission needs every sighting at the owner: not with sharding.)"""
-        unique, inverse = np.unique(ids.reshape(-1), return_inverse=True)
+        unique, inverse = unique_inverse(ids.reshape(-1))
         owner = self.owners(unique)
         order = np.argsort(owner, kind="stable")
         counts = np.bincount(owner, minlength=self.world).tolist()
@@ -156,7 +157,7 @@ class ShardedTable:
         ids = np.concatenate(route.served) if route.served else np.zeros(0, np.int64)
         if not len(ids):
             return 0
-        union, where = np.unique(ids, return_inverse=True)
+        union, where = unique_inverse(ids)
         summed = torch.zeros((len(union), grad.shape[1] + 1))
         summed.index_add_(0, torch.from_numpy(where), torch.cat(received))
         self.local.apply_grad(union, touchers_mean(summed)[0], step)

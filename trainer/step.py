@@ -19,6 +19,7 @@ from store.sparse_optim import SparseOptimConfig
 from store.table import EmbeddingTable, Lookup
 from trainer.batch import Batch
 from trainer.delayed import fn_calibrated, fn_weighted_logloss
+from trainer.gather import gather_rows
 from trainer.model import CtrModel, ModelConfig
 from trainer.wide import learn_wide
 
@@ -35,29 +36,23 @@ class StepResult:
     loss: float  # mean binary cross-entropy of the batch
 
 
-def _gather(leaf: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
-    """leaf (u, E+1) -> its rows at inverse (n,): (n, E+1). An embedding lookup rather than
-    leaf[inverse]: the same values, and its backward (summing gradients per row) is ~1.6x faster
-    on the CPU than indexing's accumulating scatter (106k lookups into 30k rows: 8.0 -> 4.9 ms)."""
-    return F.embedding(inverse, leaf)
-
-
 def forward(model: CtrModel, table: Rows, batch: Batch):  # type: ignore[no-untyped-def]
-    """Look up the batch's rows and run the model. Returns (logits (B,), lookup, leaf vectors (u, E+1)).
+    """Look up the batch's rows and run the model. Returns (logits (B,), lookup, leaf vectors (u, W)).
 
-    The single-id fields give (B, F, E+1); each list field's values are pooled per event (mean or
-    sum, ModelConfig.list_pooling) into one more field, so the model sees (B, F + L, E+1). Gradients
-    reach every value's row through the pooling."""
+    The single-id fields give (B, F, W); each list field's values are pooled per event (mean or
+    sum, ModelConfig.list_pooling) into one more field, so the model sees (B, F + L, W). Gradients
+    reach every value's row through the pooling. W is E + 1, or 1 for a family that reads no factors
+    (lr): its step gathers only the first-order weights, 1/(E+1) of the values."""
     n, f = batch.ids.shape
     if not batch.lists:
         lookup = table.lookup(batch.ids, device=batch.labels.device)
-        leaf = _leaf(lookup.vectors)
-        return model(_gather(leaf, lookup.inverse).view(n, f, -1), batch.dense), lookup, leaf
+        leaf = _leaf(model, lookup.vectors)
+        return model(gather_rows(leaf, lookup.inverse).view(n, f, -1), batch.dense), lookup, leaf
     flat = [batch.ids.reshape(-1)] + [ids for _, ids in batch.lists]
     columns = [np.tile(np.arange(f), n)] + [np.full(len(ids), f + j) for j, (_, ids) in enumerate(batch.lists)]
     lookup = table.lookup(np.concatenate(flat), device=batch.labels.device, columns=np.concatenate(columns))
-    leaf = _leaf(lookup.vectors)
-    rows = _gather(leaf, lookup.inverse)
+    leaf = _leaf(model, lookup.vectors)
+    rows = gather_rows(leaf, lookup.inverse)
     fields = [rows[: n * f].view(n, f, -1)]
     at = n * f
     for j, (starts, ids) in enumerate(batch.lists):
@@ -72,10 +67,24 @@ def forward(model: CtrModel, table: Rows, batch: Batch):  # type: ignore[no-unty
     return model(torch.cat(fields, dim=1), batch.dense), lookup, leaf
 
 
-def _leaf(vectors: torch.Tensor) -> torch.Tensor:
-    """The looked-up vectors as the leaf the row gradients collect in (none when predicting)."""
-    leaf = vectors.detach()
+def _leaf(model: CtrModel, vectors: torch.Tensor) -> torch.Tensor:
+    """The looked-up vectors (u, E+1) as the leaf the row gradients collect in (none when
+    predicting): all of them, or only the first-order column (u, 1) when the model reads no factors."""
+    if not model.reads_factors:
+        vectors = vectors[:, -1:]
+    leaf = (
+        vectors.detach().contiguous()
+    )  # a view of the rows' first columns: gathers from a compact copy run ~4x faster
     return leaf.requires_grad_(True) if torch.is_grad_enabled() else leaf
+
+
+def _row_grad(leaf_grad: torch.Tensor, lookup: Lookup) -> torch.Tensor:
+    """The leaf's gradient (u, W) as the rows' (u, E+1): the factor columns' zero when W = 1."""
+    if leaf_grad.shape[1] == lookup.vectors.shape[1]:
+        return leaf_grad
+    full = torch.zeros_like(lookup.vectors)
+    full[:, -1:] = leaf_grad
+    return full
 
 
 def backward(  # type: ignore[no-untyped-def]
@@ -105,7 +114,7 @@ def backward(  # type: ignore[no-untyped-def]
     assert leaf.grad is not None
     # the rows want the gradient of the summed loss (store/sparse_optim.py): an id seen c times gets
     # c events' worth, independent of the batch size
-    row_grad = leaf.grad * len(batch)
+    row_grad = _row_grad(leaf.grad, lookup) * len(batch)
     scored, wide = logits.detach(), None
     if wide_optim is not None:
         wide = learn_wide(scored, batch, lookup, wide_optim, model.config.list_pooling, step, fnw)

@@ -127,6 +127,8 @@ def _wide_pass(  # type: ignore[no-untyped-def]
     """The per-event loop; updates columns (u, 3) in place and returns each event's logit shift (B,).
     fnw: each event's gradient carries its FN weight (trainer/delayed.py), at its own p."""
     before = columns[:, 0].copy()
+    # FTRL's sqrt(n + accumulator) per row, kept as n grows: one square root per occurrence, not two
+    roots = np.sqrt(columns[:, 2] + accumulator) if rule == 2 else before
     shift = np.zeros(len(logits))
     for i in range(len(logits)):
         s = 0.0
@@ -150,9 +152,10 @@ def _wide_pass(  # type: ignore[no-untyped-def]
                 a += g * g
                 w -= lr * g / (math.sqrt(a + accumulator) + eps)
             elif rule == 2:  # ftrl: a = z, b = n
-                root_old = math.sqrt(b + accumulator)
+                root_old = roots[r]
                 b += g * g
                 root_new = math.sqrt(b + accumulator)
+                roots[r] = root_new
                 a += g - (root_new - root_old) / lr * w
                 if abs(a) <= l1:
                     w = 0.0
