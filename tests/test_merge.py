@@ -4,6 +4,8 @@ one process; merged parameters, moments and rows == a hand computation over each
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -50,7 +52,8 @@ def settings(
     per_event: the ids' wide weights learn event by event (optim.wide_per_event); off by default
     here, where the per-batch rule is pinned; the tests that compare with it turn it on.
     row_merge: "mean" here, whose equivalences (merged every step == synchronous, replicas fed the
-    same batches == one process) these tests pin; the "deltas" tests pin that rule."""
+    same batches == one process) these tests pin; the "deltas" tests pin that rule. The dense part
+    merges as "merge" (the powersgd exchange has tests of its own)."""
     lr = 0.05 if optimizer == "sgd" else 0.01
     optim = OptimSettings(
         optimizer=optimizer,
@@ -64,7 +67,7 @@ def settings(
         model=ModelSettings(embed_dim=4, hidden=(8,)),
         optim=optim,
         store=StoreSettings(**store),  # type: ignore[arg-type]
-        group=GroupSettings(row_merge=row_merge),
+        group=GroupSettings(row_merge=row_merge, dense_exchange="merge"),  # the dense merge these tests pin
         threads=1,
     )
 
@@ -188,6 +191,24 @@ def local_steps_then_merge() -> tuple[dict, dict]:
     return before, state(trainer)
 
 
+def shared_dense_steps() -> tuple[dict, dict, int, int]:
+    """Three rounds on batches of this replica's own, the dense gradients shared every step
+    (dense_exchange "powersgd"), one of them without a batch; then a merge."""
+    import torch.distributed as dist
+
+    base = settings("adam", "ftrl")
+    trainer = Trainer(
+        load_schema("criteo"),
+        replace(base, group=replace(base.group, dense_exchange="powersgd", dense_rank=2, merge_every_steps=4)),
+    )
+    batches = make_batches(seed=dist.get_rank(), steps=3)
+    for i, batch in enumerate(batches):
+        trainer.learn_round(None if (i == 1 and dist.get_rank() == 1) else batch, 4)
+    before = state(trainer)
+    stats = trainer.merge()
+    return before, state(trainer), stats.dense_bytes, trainer.bytes_sent
+
+
 def admission_counts_after_a_merge() -> tuple[np.ndarray, np.ndarray]:
     import torch.distributed as dist
 
@@ -273,6 +294,16 @@ def test_a_merge_shares_admission_counts_so_every_replica_admits_the_same_ids():
     np.testing.assert_array_equal(after0, after1)
     np.testing.assert_array_equal(after0.astype(np.int64), before0.astype(np.int64) + before1.astype(np.int64))
     assert before0.sum() > 0 and not np.array_equal(before0, before1)
+
+
+def test_replicas_sharing_dense_gradients_take_the_same_dense_steps_and_merge_only_rows():
+    (before0, after0, merged0, sent0), (before1, _, _, _) = launch_local(shared_dense_steps, 2)
+    dense = [key for key in before0 if key.startswith(("w.", "exp_avg", "sum."))]
+    assert dense and all(np.array_equal(before0[key], before1[key]) for key in dense)  # before any merge
+    assert not np.array_equal(before0["rows"], before1["rows"]) or before0["ids"].shape != before1["ids"].shape
+    assert merged0 == 0 and sent0 > 0  # the merge sent rows only; the steps sent compressed gradients
+    for key in dense:
+        np.testing.assert_array_equal(after0[key], before0[key])  # nothing dense left to average
 
 
 def test_merged_parameters_and_moments_match_a_hand_computation():

@@ -26,6 +26,7 @@ from store.table import EmbeddingTable, Lookup
 from stream.featurize import shared_ids
 from stream.schema import Schema
 from trainer.batch import Batch
+from trainer.compress import PowerSgd
 from trainer.configs import make_optimizer, make_tier, model_config, table_config
 from trainer.delayed import FinalLabels
 from trainer.errors import SnapshotError, TrainerError
@@ -107,6 +108,13 @@ class Trainer:
         # trainer.shard_within_node: the rows sharded over the ranks of this node (learn_sharded,
         # trainer/shard.py), this replica's table holding its shard; nodes merge shard by shard
         self.sharded = settings.shard_within_node
+        group_settings = settings.group
+        shares_dense = group_settings.dense_exchange == "powersgd" and group_settings.merge_every_steps > 0
+        self.compressor = (
+            PowerSgd(self.model, self.optimizer, group_settings.dense_rank, settings.seed)
+            if shares_dense and self.world > 1 and not self.sharded
+            else None
+        )
         self.node_group, self.cross_group, self.nodes = node_groups(self.world, self.rank, self.sharded)
         self.shards = ShardedTable(self.table, self.node_group)
         merges = self.nodes > 1 if self.sharded else self.world > 1 and settings.group.merge_every_steps > 0
@@ -176,6 +184,8 @@ class Trainer:
             return self.learn_sharded(batch)[0]
         if k == 0:
             return self.learn_sync(batch)[0]
+        if self.compressor is not None:
+            return self.learn_shared_dense(batch)
         return self.learn(batch).probs if batch is not None else None
 
     def learn(self, batch: Batch) -> StepResult:
@@ -186,6 +196,31 @@ class Trainer:
         result = train_step(self.model, self.optimizer, self.table, batch.to(self.device), self.step)
         self._record(batch, result.probs, started)
         return result
+
+    def learn_shared_dense(self, batch: Batch | None) -> np.ndarray | None:
+        """A local step on the rows with the dense gradients averaged over the group first
+        (trainer.group.dense_exchange "powersgd": trainer/compress.py), so every replica takes the
+        same dense step; the rows wait for the k-step merge. Collective: every replica takes it,
+        with or without a batch. Returns this replica's predictions (B,) (None without a batch)."""
+        assert self.compressor is not None
+        started = time.perf_counter()
+        self.step += 1
+        self._set_lr()
+        self.optimizer.zero_grad(set_to_none=True)
+        result = lookup = grad = wide = None
+        if batch is not None:
+            result, lookup, grad, wide = backward(
+                self.model, self.optimizer, self.table, batch.to(self.device), self._wide_optim(), self.step
+            )
+        comm_started = time.perf_counter()
+        dense_bytes = self.compressor.all_reduce() + average_buffers(self.model)
+        self.optimizer.step()
+        self._count(MergeStats(dense_bytes, 0, 0, time.perf_counter() - comm_started), merge=False)
+        if batch is None or result is None or lookup is None or grad is None:
+            return None
+        self.table.update(lookup, grad, self.step, wide_columns=None if wide is None else wide.columns)
+        self._record(batch, result.probs, started)
+        return result.probs
 
     def _set_lr(self) -> None:
         if self.settings.optim.warmup_steps:
@@ -204,7 +239,8 @@ class Trainer:
             return MergeStats(0, 0, 0, 0.0)
         self.step = max_step(self.step, group)
         set_optimizer_steps(self.optimizer, self.step)
-        dense_bytes = average_dense(self.model, self.optimizer, group)
+        # the dense network is the same on every replica when its gradients are shared every step
+        dense_bytes = 0 if self.compressor is not None else average_dense(self.model, self.optimizer, group)
         rows, sparse_bytes = average_rows(self.table, self.table.take_touched(), self.step, group, self._deltas_power())
         self.merged_step = self.step
         sparse_bytes += share_sightings(self.table, group)

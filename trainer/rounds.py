@@ -43,6 +43,8 @@ def take_snapshot(
     uploaded and registered); the replicas hold the same model right after a merge. With sharded
     rows every rank of rank 0's node writes its own rows' file of both. Every replica then commits
     its offsets. Returns (recovery snapshot path, registry version) on rank 0."""
+    if trainer.compressor is not None:  # the compression's state, the same on every replica (trainer/compress.py)
+        trainer.compressor.share_errors()
     offsets: dict[int, int] = {}
     for part in control.gather(trainer.offsets):  # replicas read disjoint partitions
         offsets.update(part)
