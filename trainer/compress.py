@@ -29,9 +29,8 @@ uninterrupted one.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
-from trainer.merge import Group, alone, average_tensors, comm_device, ensure_optimizer_state
+from trainer.merge import Group, average_tensors, ensure_optimizer_state
 
 
 class PowerSgd:
@@ -45,11 +44,12 @@ class PowerSgd:
         ids = {id(p) for p in self.matrices}
         self.plain = [p for p in params if id(p) not in ids]
         self.seed = seed
-        self._start()
+        self.fill_state()
 
-    def _start(self) -> None:
+    def fill_state(self) -> None:
         """Q drawn from the seed (the same on every replica) and E = 0 for every matrix whose
-        optimizer state has none (a fresh job, or a snapshot written without compression)."""
+        optimizer state has none (a fresh job, or a snapshot written without compression). Called again
+        after a restore, which replaces the optimizer's state."""
         if all("powersgd_q" in self.optimizer.state.get(p, {}) for p in self.matrices):
             return
         ensure_optimizer_state(self.optimizer)  # its own state first: the optimizer fills an empty state only
@@ -63,13 +63,11 @@ class PowerSgd:
     @property
     def qs(self) -> list[torch.Tensor]:
         """Each matrix's Q (m, r)."""
-        self._start()  # a restore replaces the optimizer's state
         return [self.optimizer.state[p]["powersgd_q"] for p in self.matrices]
 
     @property
     def errors(self) -> list[torch.Tensor]:
         """Each matrix's error E (n, m), this replica's."""
-        self._start()
         return [self.optimizer.state[p]["powersgd_error"] for p in self.matrices]
 
     def share_errors(self, group: Group = None) -> int:
@@ -87,11 +85,11 @@ class PowerSgd:
         if not self.matrices:
             return sent
         ms = [p.grad.detach().cpu() + e for p, e in zip(self.matrices, self.errors, strict=True)]  # type: ignore[union-attr]
-        ps = self._mean([m @ q for m, q in zip(ms, self.qs, strict=True)], group)
+        ps = [m @ q for m, q in zip(ms, self.qs, strict=True)]
+        sent += average_tensors(ps, group=group)
         ps = [torch.linalg.qr(p)[0] for p in ps]
-        qs = self._mean([m.t() @ p for m, p in zip(ms, ps, strict=True)], group)
-        if not alone(group):
-            sent += 4 * (sum(p.numel() for p in ps) + sum(q.numel() for q in qs))
+        qs = [m.t() @ p for m, p in zip(ms, ps, strict=True)]
+        sent += average_tensors(qs, group=group)
         for param, m, p_, q in zip(self.matrices, ms, ps, qs, strict=True):
             approx = p_ @ q.t()
             state = self.optimizer.state[param]
@@ -99,17 +97,3 @@ class PowerSgd:
             state["powersgd_error"] = m - approx
             param.grad.copy_(approx.to(param.grad.device))  # type: ignore[union-attr]
         return sent
-
-    @staticmethod
-    def _mean(parts: list[torch.Tensor], group: Group) -> list[torch.Tensor]:
-        """The group's mean of each tensor, in one all_reduce of their concatenation."""
-        if alone(group):
-            return parts
-        flat = torch.cat([t.reshape(-1) for t in parts]).to(comm_device())
-        dist.all_reduce(flat, group=group)
-        flat = flat.cpu() / dist.get_world_size(group)
-        out, at = [], 0
-        for t in parts:
-            out.append(flat[at : at + t.numel()].view_as(t))
-            at += t.numel()
-        return out

@@ -449,6 +449,8 @@ class Trainer:
         snapshot = load_snapshot(path, self.table, keep)
         self.model.load_state_dict(snapshot.model.state_dict())
         load_optimizer_state(path, self.optimizer)
+        if self.compressor is not None:
+            self.compressor.fill_state()
         self.step = self.merged_step = snapshot.manifest.step
         self.events = snapshot.manifest.events
         self.offsets = {int(p): o for p, o in snapshot.manifest.offsets.items()}
