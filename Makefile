@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint bench bench-accuracy bench-store bench-merge bench-serving bench-step peers bench-peer lock down clean
+.PHONY: setup demo test lint bench bench-accuracy bench-store bench-merge bench-serving bench-step peers bench-peer lock down clean images compose-up compose-down
 
 setup: $(VENV)/.installed
 
@@ -16,8 +16,20 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 demo: setup
 	$(BIN)/adstream demo --json .state/demo.json
 
-test: setup
+test: setup images
 	$(BIN)/python -m pytest
+
+# the compose stack's images, built offline with podman (docker/images.sh: Debian's packages, PyPI,
+# Maven Central; each step cached); the compose test of `make test` runs them
+images: setup
+	bash docker/images.sh
+
+# docker-compose.yml on podman (docker/podman/compose.sh); with Docker: `docker compose up -d`
+compose-up: images
+	docker/podman/compose.sh up -d
+
+compose-down:
+	docker/podman/compose.sh down
 
 lint: setup
 	$(BIN)/ruff check .

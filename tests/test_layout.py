@@ -98,14 +98,18 @@ def test_compose_services_run_real_cli_commands():
         assert service["command"][0] in commands
         build_parser().parse_args(service["command"])  # the flags exist too
     assert services["replay"]["profiles"] == ["replay"]
-    for name in ("kafka", "mlflow", "serving"):
+    for name in ("kafka", "mlflow", "serving", "stream", "trainer"):
         assert "healthcheck" in services[name], name
 
 
 def test_compose_matches_the_settings():
     services = compose()["services"]
-    assert services["kafka"]["image"] == f"apache/kafka:{KAFKA_VERSION}"
-    assert services["topics"]["image"] == f"apache/kafka:{KAFKA_VERSION}"
+    # the official image by default; `make images` builds one of the same version where none can be pulled
+    assert (
+        services["kafka"]["image"] == services["topics"]["image"] == f"${{KAFKA_IMAGE:-apache/kafka:{KAFKA_VERSION}}}"
+    )
+    assert "adstream/stack.py" in (ROOT / "docker" / "images.sh").read_text()  # the image's tag: KAFKA_VERSION
+    assert f"<version>{KAFKA_VERSION}</version>" in (ROOT / "docker" / "kafka" / "pom.xml").read_text()
     creator = services["topics"]["command"][0]
     defaults = KafkaSettings()
     for topic in (defaults.events_topic, defaults.batches_topic, defaults.dlq_topic):
@@ -119,6 +123,12 @@ def test_compose_matches_the_settings():
     assert services["trainer"]["expose"] == [str(config.trainer.metrics_port)]
     assert services["stream"]["expose"] == [str(config.stream.metrics_port)]
     assert config.trainer.metrics_host == config.stream.metrics_host == "0.0.0.0"  # inside the stack's network
+    # state on volumes: a recreated container keeps Kafka's log, MLflow's store, the trainer's snapshots
+    assert services["trainer"]["volumes"] == [f"snapshots:{config.trainer.snapshot.dir}"]
+    assert services["kafka"]["volumes"] == [f"kafka:{services['kafka']['environment']['KAFKA_LOG_DIRS']}"]
+    assert services["mlflow"]["volumes"] == ["mlflow:/mlflow"] and "sqlite:////mlflow/" in str(
+        services["mlflow"]["command"]
+    )
 
 
 def test_compose_publishes_serving_and_mlflows_ui_on_loopback_only():
