@@ -91,9 +91,16 @@ def stack_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, 
         compose(env_file, "up", "-d")
         yield env_file, token
     finally:
-        if containers():  # the test failed before its own down: show why, then clean up
+        if containers():  # the test failed before its own down: show why
             print(compose(env_file, "logs", "--no-color", "--tail", "40")[-8000:])
-            compose(env_file, "down", "-v", "--timeout", "20")
+        # always: down also ends compose.sh's podman socket and health loop
+        subprocess.run(
+            [str(COMPOSE), "--env-file", str(env_file), "down", "-v", "--timeout", "20"],
+            cwd=ROOT,
+            env={**os.environ, "COMPOSE_PROJECT_NAME": PROJECT},
+            capture_output=True,
+            timeout=300,
+        )
 
 
 def test_compose_stack_replays_trains_serves_and_resumes(stack_env, tmp_path):
