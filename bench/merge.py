@@ -6,7 +6,8 @@ Criteo rows), workers in {1, 2, 4, 8} x k in {1, 16, 64}, plus a synchronous dat
 with the rows sharded across the workers (layout "sharded", trainer/shard.py: the same model, each
 worker holding only the rows it owns; rows_per_replica says how many), and with 4+ workers the
 same split into nodes of 2 ranks (layout "sharded-N-nodes": rows sharded within each node, the
-nodes merging every 16 steps shard by shard; merge_bytes is what crossed between the nodes, the
+nodes merging every 16 steps shard by shard, the dense gradients compressed between them every step
+under trainer.group.dense_exchange "powersgd"; merge_bytes is what crossed between the nodes, the
 rest of bytes stayed within them). The stream is dealt out round-robin, batch i to replica
 i mod N (as partitions are). One worker has nothing to merge, so it runs once per mode (k = 1 and
 k = 0).
@@ -139,7 +140,8 @@ def _replica(data: str, settings: TrainerSettings, k: int, schema_name: str, nod
         # each event's batch number in the stream (batch j * world + rank), to put the replicas' scores in stream order
         "batch_of": np.concatenate([np.full(len(x), j * world + rank) for j, x in enumerate(labels)]),
         "bytes": trainer.bytes_sent,
-        "merge_bytes": across,
+        # between nodes: their merges, and the dense gradients' compressed exchange every step
+        "merge_bytes": across + (trainer.compressor.bytes_sent if nodes > 1 and trainer.compressor is not None else 0),
         "wall_s": time.perf_counter() - started,
         "rows_held": len(trainer.table),
     }

@@ -118,16 +118,20 @@ def snapshot_delta_and_restore(root: str) -> dict:
     return out
 
 
-def two_nodes_merging(k: int, row_merge: str) -> dict:
+def two_nodes_merging(k: int, row_merge: str, dense: str = "merge") -> dict:
     """4 ranks as 2 nodes of 2 (LOCAL_WORLD_SIZE=2): both ranks of node n learn node n's batches
-    (seed n) over rows sharded within the node; the nodes merge every k steps, shard by shard."""
+    (seed n) over rows sharded within the node; the nodes merge every k steps, shard by shard.
+    dense "powersgd": the dense gradients also averaged between the nodes every step, compressed."""
     import os
+    from dataclasses import replace
 
     import torch.distributed as dist
 
     os.environ["LOCAL_WORLD_SIZE"] = "2"
-    trainer = Trainer(load_schema("criteo"), sharded_settings(row_merge=row_merge))
-    assert trainer.nodes == 2
+    base = sharded_settings(row_merge=row_merge)
+    group = replace(base.group, merge_every_steps=k, dense_exchange=dense, dense_rank=2)
+    trainer = Trainer(load_schema("criteo"), replace(base, group=group))
+    assert trainer.nodes == 2 and (trainer.compressor is not None) == (dense == "powersgd")
     for i, batch in enumerate(make_batches(seed=dist.get_rank() // 2, steps=6), start=1):
         trainer.learn_sharded(batch)
         if i % k == 0:
@@ -136,13 +140,21 @@ def two_nodes_merging(k: int, row_merge: str) -> dict:
     return state(trainer)
 
 
-def replicas_merging(k: int, row_merge: str) -> dict:
-    """The reference: 2 replicas (one per node) learning seed-rank batches, merged every k steps."""
+def replicas_merging(k: int, row_merge: str, dense: str = "merge") -> dict:
+    """The reference: 2 replicas (one per node) learning seed-rank batches, merged every k steps
+    (dense "powersgd": their dense gradients averaged every step, compressed, as learn_step does)."""
+    from dataclasses import replace
+
     import torch.distributed as dist
 
-    trainer = Trainer(load_schema("criteo"), settings("adam", "ftrl", row_merge=row_merge))
+    base = settings("adam", "ftrl", row_merge=row_merge)
+    group = replace(base.group, merge_every_steps=k, dense_exchange=dense, dense_rank=2)
+    trainer = Trainer(load_schema("criteo"), replace(base, group=group))
     for i, batch in enumerate(make_batches(seed=dist.get_rank(), steps=6), start=1):
-        trainer.learn(batch)
+        if dense == "powersgd":
+            trainer.learn_shared_dense(batch)
+        else:
+            trainer.learn(batch)
         if i % k == 0:
             trainer.merge()
     return state(trainer)
@@ -233,13 +245,14 @@ def test_sharding_needs_no_admission_yet():
         replace(sharded_settings(), store=replace(sharded_settings().store, min_count=2))
 
 
-@pytest.mark.parametrize("row_merge", ["mean", "deltas"])
-def test_two_nodes_of_sharded_ranks_merging_every_k_steps_equal_two_merging_replicas(row_merge):
+@pytest.mark.parametrize(("row_merge", "dense"), [("mean", "merge"), ("deltas", "merge"), ("deltas", "powersgd")])
+def test_two_nodes_of_sharded_ranks_merging_every_k_steps_equal_two_merging_replicas(row_merge, dense):
     """2 nodes x 2 ranks: within a node the rows are sharded and steps synchronous (the node acts
     as one process on its batches); between the nodes the k-step merge of replicas, shard by shard,
-    by either rule (under "deltas" each shard owner keeps its rows' anchors)."""
-    ranks = launch_local(two_nodes_merging, 4, 3, row_merge)
-    replicas = launch_local(replicas_merging, 2, 3, row_merge)
+    by either rule (under "deltas" each shard owner keeps its rows' anchors), and the dense part
+    merged or, under "powersgd", its gradients compressed between the nodes every step."""
+    ranks = launch_local(two_nodes_merging, 4, 3, row_merge, dense)
+    replicas = launch_local(replicas_merging, 2, 3, row_merge, dense)
     for node, replica in enumerate(replicas):
         mine = ranks[2 * node : 2 * node + 2]
         for rank in mine:

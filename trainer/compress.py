@@ -16,7 +16,9 @@ Per step, for each weight matrix's gradient G (n, m) on each replica:
     G = P Q^T                     the same on every replica: their Adam steps stay identical
     E = M - P Q^T
 Vectors and small matrices (biases, the wide part, min(n, m) <= 2 r) are averaged as they are.
-Every replica then takes the same dense step, so a merge has no dense part left to average.
+Every replica then takes the same dense step, so a merge has no dense part left to average. With
+rows sharded within nodes (trainer.shard_within_node) the group is rank r of every node: each node
+has averaged its gradients exactly first, so its ranks hold the same M and E and stay identical.
 
 The compression's state lives in the dense optimizer's state of each matrix ("powersgd_q",
 "powersgd_error"), so a snapshot holds it and a restore brings it back with Adam's moments. Only the
@@ -37,8 +39,11 @@ class PowerSgd:
     """One replica's compression state: the Q of each compressed matrix (shared, seeded) and its
     error E (its own). Built from the model so every replica lists the same parameters in order."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int, seed: int = 0) -> None:
-        self.rank, self.optimizer = rank, optimizer
+    def __init__(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int, seed: int = 0, group: Group = None
+    ) -> None:
+        self.rank, self.optimizer, self.group = rank, optimizer, group
+        self.bytes_sent = 0  # what all_reduce has sent in all (bench merge: the bytes between nodes)
         params = list(model.parameters())
         self.matrices = [p for p in params if p.ndim == 2 and min(p.shape) > 2 * rank]
         ids = {id(p) for p in self.matrices}
@@ -70,19 +75,23 @@ class PowerSgd:
         """Each matrix's error E (n, m), this replica's."""
         return [self.optimizer.state[p]["powersgd_error"] for p in self.matrices]
 
-    def share_errors(self, group: Group = None) -> int:
+    def share_errors(self) -> int:
         """Every replica's error becomes the group's mean error (what follows depends on the mean
         alone). Collective. Returns the bytes sent."""
-        return average_tensors(self.errors, group=group)
+        return average_tensors(self.errors, group=self.group)
 
-    def all_reduce(self, group: Group = None) -> int:
+    def all_reduce(self) -> int:
         """Replace every parameter's .grad (None counts as zeros) by its group average, the
-        matrices' as rank-r products. Collective. Returns the bytes this replica sent."""
+        matrices' as rank-r products. Collective over `group` (None: every rank; rows sharded
+        within nodes: rank r of each node, whose node's ranks hold the same average already).
+        Returns the bytes this replica sent."""
+        group = self.group
         for param in self.matrices + self.plain:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
         sent = average_tensors([p.grad for p in self.plain if p.grad is not None], group=group)
         if not self.matrices:
+            self.bytes_sent += sent
             return sent
         ms = [p.grad.detach().cpu() + e for p, e in zip(self.matrices, self.errors, strict=True)]  # type: ignore[union-attr]
         ps = [m @ q for m, q in zip(ms, self.qs, strict=True)]
@@ -96,4 +105,5 @@ class PowerSgd:
             state["powersgd_q"] = q
             state["powersgd_error"] = m - approx
             param.grad.copy_(approx.to(param.grad.device))  # type: ignore[union-attr]
+        self.bytes_sent += sent
         return sent

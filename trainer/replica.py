@@ -108,14 +108,18 @@ class Trainer:
         # trainer.shard_within_node: the rows sharded over the ranks of this node (learn_sharded,
         # trainer/shard.py), this replica's table holding its shard; nodes merge shard by shard
         self.sharded = settings.shard_within_node
+        self.node_group, self.cross_group, self.nodes = node_groups(self.world, self.rank, self.sharded)
+        # trainer.group.dense_exchange "powersgd": the dense gradients averaged every step between
+        # the replicas that merge every k steps (sharded rows: between nodes, each node's exact
+        # average first), compressed (trainer/compress.py); rows wait for the merge
         group_settings = settings.group
         shares_dense = group_settings.dense_exchange == "powersgd" and group_settings.merge_every_steps > 0
+        merging = self.nodes > 1 if self.sharded else self.world > 1
         self.compressor = (
-            PowerSgd(self.model, self.optimizer, group_settings.dense_rank, settings.seed)
-            if shares_dense and self.world > 1 and not self.sharded
+            PowerSgd(self.model, self.optimizer, group_settings.dense_rank, settings.seed, self.cross_group)
+            if shares_dense and merging
             else None
         )
-        self.node_group, self.cross_group, self.nodes = node_groups(self.world, self.rank, self.sharded)
         self.shards = ShardedTable(self.table, self.node_group)
         merges = self.nodes > 1 if self.sharded else self.world > 1 and settings.group.merge_every_steps > 0
         if settings.group.row_merge == "deltas" and merges:
@@ -330,6 +334,8 @@ class Trainer:
             rows.lookup(np.zeros(0, dtype=np.int64))  # its all_to_all takes every rank
         comm_started = time.perf_counter()
         dense_bytes = average_grads(self.model, group) + average_buffers(self.model, group)
+        if self.sharded and self.compressor is not None:  # and between the nodes, compressed
+            dense_bytes += self.compressor.all_reduce() + average_buffers(self.model, self.cross_group)
         self.optimizer.step()
         updated, sparse_bytes = rows_step(lookup, grad)
         stats = MergeStats(dense_bytes, sparse_bytes, updated, time.perf_counter() - comm_started)

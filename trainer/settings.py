@@ -137,7 +137,8 @@ class GroupSettings:
     row_deltas_power: float = at_least(0, 0.5)  # "deltas": the changes' sum over writers ^ this
     # the dense network between merges (k > 0): "powersgd", its gradients averaged every step, each
     # weight matrix sent as a rank-dense_rank product with error feedback (trainer/compress.py), so
-    # every replica takes the same dense step and merges average only the rows; "merge", each replica
+    # every replica takes the same dense step and merges average only the rows (rows sharded within
+    # nodes: each node's exact average, then compressed between the nodes); "merge", each replica
     # steps on its own gradients and merges average the parameters and Adam moments. 2M synthetic
     # events, 8 workers, k = 16, window AUC: powersgd 0.8217 (rank 32), merge 0.8180, synchronous 0.8235
     dense_exchange: str = one_of(("merge", "powersgd"), "powersgd")
