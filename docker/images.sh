@@ -65,9 +65,11 @@ fi
 
 wheels="$cache/wheels"
 mkdir -p "$wheels"
-if ! python3 -m pip download -q --no-index --find-links "$wheels" --no-deps -r requirements.lock -d "$wheels" 2>/dev/null; then
+python=python3
+[ -x .venv/bin/python ] && python=.venv/bin/python  # make images runs after make setup
+if ! "$python" -m pip download -q --no-index --find-links "$wheels" --no-deps -r requirements.lock -d "$wheels" 2>/dev/null; then
   say "wheels: the pinned requirements into $wheels (PyPI)"
-  python3 -m pip wheel -q -r requirements.lock -w "$wheels"  # with what the pins need to install (setuptools)
+  "$python" -m pip wheel -q -r requirements.lock -w "$wheels"  # with what the pins need to install (setuptools)
 fi
 say "project: podman build adstream:local (cached layers where nothing changed)"
 podman build -q --build-arg BASE="$base" --build-arg PIP_WHEELS=/wheels -v "$wheels:/wheels:ro" \
