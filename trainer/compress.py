@@ -90,12 +90,17 @@ class PowerSgd:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
         sent = average_tensors([p.grad for p in self.plain if p.grad is not None], group=group)
-        if not self.matrices:
-            self.bytes_sent += sent
-            return sent
+        if self.matrices:
+            sent += self._compressed_mean(group)
+        self.bytes_sent += sent
+        return sent
+
+    def _compressed_mean(self, group: Group) -> int:
+        """The matrices' .grad replaced by the rank-r approximation of their group mean, the error
+        kept (the module's steps). Returns the bytes sent."""
         ms = [p.grad.detach().cpu() + e for p, e in zip(self.matrices, self.errors, strict=True)]  # type: ignore[union-attr]
         ps = [m @ q for m, q in zip(ms, self.qs, strict=True)]
-        sent += average_tensors(ps, group=group)
+        sent = average_tensors(ps, group=group)
         ps = [torch.linalg.qr(p)[0] for p in ps]
         qs = [m.t() @ p for m, p in zip(ms, ps, strict=True)]
         sent += average_tensors(qs, group=group)
@@ -105,5 +110,4 @@ class PowerSgd:
             state["powersgd_q"] = q
             state["powersgd_error"] = m - approx
             param.grad.copy_(approx.to(param.grad.device))  # type: ignore[union-attr]
-        self.bytes_sent += sent
         return sent
