@@ -25,8 +25,12 @@ def test_bench_merge_reports_every_run_of_the_grid(tmp_path):
         assert (run["bytes"] > 0) == (run["workers"] > 1)  # one worker sends nothing
     by_k = {r["k"]: r for r in result["runs"] if r["workers"] == 2 and r["layout"] == "replicated"}
     assert by_k[1]["bytes"] > by_k[16]["bytes"]  # merging less often sends less
+    rounds = 6000 // 500 // 2
+    # 6 rounds: k = 1 merges after each, k = 16 only when the stream ends, synchronous never
+    assert (by_k[1]["merges"], by_k[16]["merges"], by_k[0]["merges"]) == (rounds, 1, 0)
     (check,) = result["checks"]
     assert check["bytes_k1_over_k16"] == by_k[1]["bytes"] / by_k[16]["bytes"]
+    assert check["bytes_sync_over_k16"] == by_k[0]["bytes"] / by_k[16]["bytes"]
     # sharded rows: the same synchronous model as replicated rows, each replica holding part of them
     (sharded,) = [r for r in result["runs"] if r["layout"] == "sharded"]
     assert abs(check["sharded_auc_minus_sync"]) < 1e-4

@@ -100,8 +100,15 @@ def dense_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> l
     return tensors
 
 
-def average_tensors(tensors: Sequence[torch.Tensor], bucket_bytes: int = BUCKET_BYTES, group: Group = None) -> int:
-    """Average tensors in place over all ranks, bucketed by size; returns payload bytes sent."""
+def average_tensors(
+    tensors: Sequence[torch.Tensor],
+    bucket_bytes: int = BUCKET_BYTES,
+    group: Group = None,
+    wire: torch.dtype = torch.float32,
+) -> int:
+    """Average tensors in place over all ranks, bucketed by size; returns payload bytes sent. `wire`:
+    the dtype summed and sent (bfloat16: half the bytes, each sum rounded to 8 significant bits;
+    PowerSGD's factors, whose rounding its error feedback takes back)."""
     if alone(group):
         return 0
     world, device, sent = dist.get_world_size(group), comm_device(), 0
@@ -112,10 +119,10 @@ def average_tensors(tensors: Sequence[torch.Tensor], bucket_bytes: int = BUCKET_
         nonlocal bucket, size, sent
         if not bucket:
             return
-        flat = torch.cat([t.detach().reshape(-1).float() for t in bucket]).to(device)
+        flat = torch.cat([t.detach().reshape(-1).float() for t in bucket]).to(device, wire)
         dist.all_reduce(flat, group=group)
-        flat /= world
         sent += flat.numel() * flat.element_size()
+        flat = flat.float() / world
         offset = 0
         for t in bucket:
             t.copy_(flat[offset : offset + t.numel()].view_as(t))

@@ -116,7 +116,14 @@ class Trainer:
         shares_dense = group_settings.dense_exchange == "powersgd" and group_settings.merge_every_steps > 0
         merging = self.nodes > 1 if self.sharded else self.world > 1
         self.compressor = (
-            PowerSgd(self.model, self.optimizer, group_settings.dense_rank, settings.seed, self.cross_group)
+            PowerSgd(
+                self.model,
+                self.optimizer,
+                group_settings.dense_rank,
+                settings.seed,
+                self.cross_group,
+                getattr(torch, group_settings.dense_wire),
+            )
             if shares_dense and merging
             else None
         )

@@ -142,9 +142,15 @@ class GroupSettings:
     # steps on its own gradients and merges average the parameters and Adam moments. 2M synthetic
     # events, 8 workers, k = 16, window AUC: powersgd 0.8217 (rank 32), merge 0.8180, synchronous 0.8235
     dense_exchange: str = one_of(("merge", "powersgd"), "powersgd")
-    # "powersgd": the rank r; an (n, m) matrix costs (n + m) r floats a step (rank 4: 0.8188, 16:
-    # 0.8204, 32: 0.8217 at 1.25 GB, the full gradients: 0.8223 at 7.4 GB, in the run above)
-    dense_rank: int = at_least(1, 32)
+    # "powersgd": the rank r; an (n, m) matrix costs (n + m) r numbers a step, sent whole if
+    # min(n, m) <= 2 r (float32, in the run above: rank 4 0.8188, 16 0.8204, 32 0.8217 at 1.25 GB,
+    # the full gradients 0.8223 at 7.4 GB; bfloat16, trainer seeds 0 and 1: 32 0.8215 / 0.8213 at
+    # 0.84 GB, 48 0.8219 / 0.8214 at 1.04 GB, 64 0.8223 at 1.70 GB, the DCN's (637, 128) sent whole)
+    dense_rank: int = at_least(1, 48)
+    # "powersgd": the dtype its factors cross the network in: "bfloat16" sends half the bytes of
+    # "float32" at the same accuracy (the rounding is kept by the error feedback, as the rank's is;
+    # 4 workers, k = 16: 0.8261 both; 8 workers: the means of two seeds 0.8214 both)
+    dense_wire: str = one_of(("float32", "bfloat16"), "bfloat16")
     max_restarts: int = at_least(0, 3)  # the supervisor of `--workers N` restarts the whole group this often
 
     def __post_init__(self) -> None:
