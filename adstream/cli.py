@@ -93,6 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--workers", type=int, default=1, help="joiner processes; they split the partitions (worker i: p %% N == i)"
     )
+    p.add_argument(
+        "--until-idle",
+        type=float,
+        metavar="S",
+        help="a bounded log: once every input is read to its end and nothing came for S seconds, close every "
+        "open window and exit (not for a live log)",
+    )
     p.set_defaults(func=cmd_join)
 
     p = sub.add_parser("stream", help="run the Faust featurizer: events -> Arrow batches (+ DLQ)")

@@ -124,6 +124,7 @@ def _status_kafka(config: Config) -> None:
     for group, info in lags.items():
         topics = ", ".join(f"{topic} {lag:,}" for topic, lag in info["lag"].items())
         print(f"  {group:28s} {topics}" + ("" if info["committed"] else "  (nothing committed yet)"))
+    _status_joiner(config)
     try:
         letters = read_dead_letters(kafka, limit=0, timeout_s=10)
     except StreamError as exc:
@@ -135,6 +136,19 @@ def _status_kafka(config: Config) -> None:
     )
     for reason, count in list(letters.by_reason.items())[:10]:
         print(f"  {count:8,d}  {reason}")
+
+
+def _status_joiner(config: Config) -> None:
+    """The joiner workers' own counters, from their Prometheus endpoints (worker i on port + i)."""
+    from adstream.running import joiner_counters
+
+    join = config.stream.join
+    if not join.metrics_port:
+        return
+    workers = joiner_counters(config.stream.metrics_host, join.metrics_port)
+    for i, counters in enumerate(workers):
+        shown = ", ".join(f"{name} {value:,.0f}" for name, value in counters.items())
+        print(f"joiner worker {i}: {shown}")
 
 
 def _status_serving(config: Config) -> None:
@@ -245,8 +259,9 @@ def _impressions_and_clicks(args: argparse.Namespace, config: Config, schema: Sc
         )
     kafka = config.kafka
     partitions = _partitions(config, kafka.impressions_topic)
+    span = round(join.allowed_lateness_s * 1000)  # no bundle moves the joiner's watermark past a click still to send
     records = interleave(
-        source, schema, kafka.impressions_topic, kafka.clicks_topic, partitions, args.bundle, args.bundle_format
+        source, schema, kafka.impressions_topic, kafka.clicks_topic, partitions, args.bundle, args.bundle_format, span
     )
     return records, total
 
@@ -273,9 +288,11 @@ def cmd_join(args: argparse.Namespace) -> None:
     config = _config(args)
     if args.workers < 1:
         raise CliError(f"join --workers {args.workers}: use 1 or more worker processes")
+    if args.until_idle is not None and args.until_idle <= 0:
+        raise CliError(f"join --until-idle {args.until_idle}: seconds without input before closing, > 0")
     check_kafka(config.kafka.bootstrap)
     with announce(config.stack.state_dir, "join"):
-        code = run_joiners(config.kafka, config.stream, args.workers)
+        code = run_joiners(config.kafka, config.stream, args.workers, args.until_idle)
     sys.exit(code)
 
 

@@ -341,7 +341,8 @@ def latency_runs(
 
     from confluent_kafka import Producer
 
-    from stream.clicks import click_record, murmur2_partition
+    from stream.join_input import click_record
+    from stream.partitioner import murmur2_partition
     from stream.settings import JoinSettings
     from stream.synthetic import SyntheticConfig, SyntheticCriteo
     from stream.topics import ensure_topics
@@ -437,7 +438,8 @@ def kill_run(
     import signal
 
     from stream.bundle import event_table
-    from stream.clicks import interleave, murmur2_partition, split_clicks
+    from stream.clicks import interleave, split_clicks
+    from stream.partitioner import murmur2_partition
     from stream.replay import replay
     from stream.settings import JoinSettings
     from stream.synthetic import SyntheticConfig, SyntheticCriteo

@@ -15,10 +15,12 @@ def _child(parent: int, target: Callable[..., object], args: tuple) -> None:
     target(*args)
 
 
-def run_children(target: Callable[..., object], args: Sequence[tuple]) -> int:
+def run_children(target: Callable[..., object], args: Sequence[tuple], finite: bool = False) -> int:
     """One process per args tuple, each `target(*args)`. Returns when one exits (the others are
-    stopped with SIGTERM, then SIGKILL after 30 s) or on SIGINT/SIGTERM; the exit code is the first
-    non-zero child's (0 when stopped by a signal). Children never outlive this process."""
+    stopped with SIGTERM, then SIGKILL after 30 s; with `finite`, children that end their work and
+    exit 0 are waited for until all have, and only a failing one stops the rest) or on
+    SIGINT/SIGTERM; the exit code is the first non-zero child's (0 when stopped by a signal).
+    Children never outlive this process."""
     context = multiprocessing.get_context("spawn")
     children = []
     for child_args in args:
@@ -26,7 +28,13 @@ def run_children(target: Callable[..., object], args: Sequence[tuple]) -> int:
         child.start()
         children.append(child)
     stopping = stop_requested()
-    while not stopping() and all(c.is_alive() for c in children):
+
+    def running() -> bool:
+        if finite:
+            return any(c.is_alive() for c in children) and not any(c.exitcode for c in children)
+        return all(c.is_alive() for c in children)
+
+    while not stopping() and running():
         time.sleep(0.2)
     for child in children:
         if child.is_alive():

@@ -17,10 +17,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
-import orjson
 import pyarrow as pa
 
 from stream.errors import StreamError
+from stream.join_input import click_record
+from stream.partitioner import murmur2_partition
 from stream.replay import ReplayRecord, table_records
 from stream.schema import Schema
 
@@ -76,31 +77,6 @@ def split_clicks(
     return Split(impressions, [ids[i] for i in clicked.tolist()], click_ts)
 
 
-def murmur2_partition(key: bytes, partitions: int) -> int:
-    """The partition Kafka's Java default partitioner (and librdkafka's "murmur2_random") gives a
-    key: murmur2 of its bytes, made positive, modulo the partition count."""
-    m, h = 0x5BD1E995, (0x9747B28C ^ len(key)) & 0xFFFFFFFF
-    whole = len(key) - len(key) % 4
-    for i in range(0, whole, 4):
-        k = (int.from_bytes(key[i : i + 4], "little") * m) & 0xFFFFFFFF
-        k = ((k ^ (k >> 24)) * m) & 0xFFFFFFFF
-        h = ((h * m) & 0xFFFFFFFF) ^ k
-    tail = key[whole:]
-    if len(tail) == 3:
-        h ^= tail[2] << 16
-    if len(tail) >= 2:
-        h ^= tail[1] << 8
-    if tail:
-        h = ((h ^ tail[0]) * m) & 0xFFFFFFFF
-    h = ((h ^ (h >> 13)) * m) & 0xFFFFFFFF
-    h ^= h >> 15
-    return (h & 0x7FFFFFFF) % partitions
-
-
-def click_record(impression_id: str, ts: int, id_field: str = "impression_id", time_field: str = "ts") -> bytes:
-    return orjson.dumps({id_field: impression_id, time_field: ts})
-
-
 def interleave(
     splits: Iterable[Split | ReplayRecord],
     schema: Schema,
@@ -109,13 +85,17 @@ def interleave(
     partitions: int,
     bundle: int = 1,
     fmt: str = "json",
+    max_span_ms: int | None = None,
 ) -> Iterator[ReplayRecord]:
     """Impression records (bundled as replay bundles events) and click records (one click each, key =
     impression id), in event-time order: before an impression record of time T, every click at or
     before T; after the last impression, the clicks still to come. Each record goes to the partition
     of its impression id (murmur2_partition): a bundle holds the impressions of one partition only,
-    so every click meets its impression in one joiner partition. A ReplayRecord among the splits (a
-    log's bad line, bound for the DLQ) passes through."""
+    so every click meets its impression in one joiner partition. With `max_span_ms` (the joiner's
+    lateness allowance) no bundle spans more event time than that: a bundle's newest impression
+    moves the joiner's watermark, and a click sent after the bundle must not come after the
+    watermark passed its window. A ReplayRecord among the splits (a log's bad line, bound for the
+    DLQ) passes through."""
     waiting: list[tuple[int, str]] = []  # a heap of (click time, impression id)
 
     def clicks_until(t: int) -> Iterator[ReplayRecord]:
@@ -130,25 +110,44 @@ def interleave(
             continue
         for t, key in zip(split.click_ts.tolist(), split.click_ids, strict=True):
             heapq.heappush(waiting, (t, key))
-        for first, record in _by_partition(split.impressions, schema, partitions, bundle, fmt):
+        for first, record in _by_partition(split.impressions, schema, partitions, bundle, fmt, max_span_ms):
             yield from clicks_until(first)
             yield record._replace(topic=impressions_topic)
     yield from clicks_until(1 << 62)
 
 
 def _by_partition(
-    table: pa.Table, schema: Schema, partitions: int, bundle: int, fmt: str
+    table: pa.Table, schema: Schema, partitions: int, bundle: int, fmt: str, max_span_ms: int | None = None
 ) -> list[tuple[int, ReplayRecord]]:
-    """The table's records, bundled within each partition, as (first event time, record) in time order."""
+    """The table's records, bundled within each partition (runs of at most `bundle` rows spanning at
+    most `max_span_ms` of event time), as (first event time, record) in time order."""
     ids = table.column(schema.event_id).cast(pa.string()).to_pylist()
     of_row = np.array([murmur2_partition(i.encode(), partitions) for i in ids], dtype=np.int64)
     times = table.column(schema.timestamp).to_numpy()
     out = []
     for p in range(partitions):
         rows = np.nonzero(of_row == p)[0]
-        at = 0
-        for record in table_records(table.take(rows), schema, bundle, fmt):
-            out.append((int(times[rows[at]]), record._replace(partition=p)))
-            at += record.events
+        for run in _runs(times[rows], bundle, max_span_ms):
+            run_rows = rows[run]
+            at = 0
+            for record in table_records(table.take(run_rows), schema, bundle, fmt):
+                out.append((int(times[run_rows[at]]), record._replace(partition=p)))
+                at += record.events
     out.sort(key=lambda pair: pair[0])
     return out
+
+
+def _runs(times: np.ndarray, bundle: int, max_span_ms: int | None) -> list[slice]:
+    """Consecutive rows cut where a bundle would span more than `max_span_ms` of event time (one run
+    of everything without a limit; table_records cuts the runs into bundles of `bundle`)."""
+    if max_span_ms is None or bundle <= 1 or not len(times):
+        return [slice(0, len(times))]
+    runs, start = [], 0
+    while start < len(times):
+        end = min(start + bundle, len(times))
+        # the rows within max_span_ms of the run's first (times are in order within a partition)
+        end = min(end, int(np.searchsorted(times, times[start] + max_span_ms, side="right")))
+        end = max(end, start + 1)
+        runs.append(slice(start, end))
+        start = end
+    return runs

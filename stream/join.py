@@ -24,9 +24,12 @@ Policies (`JoinRules.policy`):
   seen by then; a click after that, within the window, emits a positive copy.
 A click after the window is a late click (counted; under fake_negative and elapsed it still emits a
 positive copy, a correction). A duplicate click counts once. A click with no impression yet is held
-for `allowed_lateness_ms` of event time (its impression may be late) and then dead-lettered. A closed
-entry is remembered until `window_ms + allowed_lateness_ms` after its window closed, so a late or
-duplicate click still finds it; then the id is forgotten.
+for `allowed_lateness_ms` of event time (its impression may be late) and then dead-lettered as an
+orphan. A closed entry is remembered until `window_ms + allowed_lateness_ms` after its window
+closed, so a late or duplicate click still finds it; then the id is forgotten. So a click that
+arrives with no entry while the watermark is past its time + `window_ms + allowed_lateness_ms` is
+judged by its event time, not by when it was read: any impression it could belong to would have
+been forgotten by then, so it is a "forgotten" click (its own reason and counter), not an orphan.
 
 The records the joiner makes per impression and per click (RowRef, Impression, Click, Entry, Step,
 Emission) are NamedTuples, immutable as the frozen dataclasses elsewhere: a frozen dataclass costs
@@ -57,8 +60,13 @@ FIRST_EMISSIONS = frozenset({FINAL, FAKE_NEGATIVE, ELAPSED})
 # a dead-lettered click's reason (one text for every orphan, so `adstream dlq` counts them together;
 # the click record beside it names the impression)
 ORPHAN_CLICK = (
-    "impression_id: no impression with this id came within stream.join.allowed_lateness_s of the click "
-    "(or it is older than 2 x window_s + the allowance)"
+    "impression_id: no impression with this id came within stream.join.allowed_lateness_s of the click"
+)
+FORGOTTEN_CLICK = (
+    "ts: a late click past the join's memory: when it was read, event time (the newest impressions "
+    "minus allowed_lateness_s) was more than window_s + allowed_lateness_s past the click, so every "
+    "window it could count in had closed and no impression with this id was remembered any more; "
+    "send clicks sooner after their impressions"
 )
 
 
@@ -127,6 +135,7 @@ class Counts:
     duplicate_clicks: int = 0  # a second click of an impression already clicked
     orphan_clicks: int = 0  # clicks dead-lettered: no impression came within the lateness allowance
     duplicate_impressions: int = 0  # an impression id seen again (the second is dropped)
+    forgotten_clicks: int = 0  # clicks dead-lettered: read when event time was past the join's memory of them
 
     def __add__(self, other: Counts) -> Counts:
         return Counts(
@@ -134,6 +143,7 @@ class Counts:
             self.duplicate_clicks + other.duplicate_clicks,
             self.orphan_clicks + other.orphan_clicks,
             self.duplicate_impressions + other.duplicate_impressions,
+            self.forgotten_clicks + other.forgotten_clicks,
         )
 
 
@@ -202,6 +212,8 @@ def on_click(entry: Entry | None, click: Click, watermark: int, s: JoinRules) ->
     if entry is None or entry.impression is None:
         if entry is not None and entry.early_click is not None:
             return Step(entry, counts=Counts(duplicate_clicks=1))
+        if watermark > click.ts + s.window_ms + s.allowed_lateness_ms:  # any impression of it was forgotten
+            return Step(None, dead=(DeadClick(click, FORGOTTEN_CLICK),), counts=Counts(forgotten_clicks=1))
         # no impression yet: hold the click while its impression may still come
         return Step(Entry(early_click=click, due=max(click.ts, watermark) + s.allowed_lateness_ms))
     imp = entry.impression
@@ -342,20 +354,24 @@ class Cursor:
         before = self.get(key)
         self._apply(key, before, on_click(before, click, self.watermark, self.rules))
 
-    def fire(self, watermark: int) -> None:
+    def fire(self, watermark: int) -> int:
         """Run every timer due at or before `watermark`, in (due, id) order; their entries read
-        together first. A timer a fired one sets at or before `watermark` runs in the next round."""
+        together first. A timer a fired one sets at or before `watermark` runs in the next round.
+        Returns how many timers were popped (0: nothing changed)."""
         timers, get, rules = self.timers, self.get, self.rules
+        popped = 0
         while timers and timers[0][0] <= watermark:
             due_now = []
             while timers and timers[0][0] <= watermark:
                 due_now.append(heapq.heappop(timers))
+            popped += len(due_now)
             if self.preload is not None and len(due_now) > 1:
                 self.preload([key for _, key in due_now])
             for due, key in due_now:
                 entry = get(key)
                 if entry is not None and entry.due == due:  # else a stale timer: the entry moved on
                     self._apply(key, entry, on_timer(entry, watermark, rules))
+        return popped
 
     def take(self) -> tuple[list[Emission], list[DeadClick], Counts]:
         out = self.emitted, self.dead, self.counts

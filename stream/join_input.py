@@ -43,6 +43,11 @@ class ClickFields:
     time: str = "ts"  # click time, ms since the epoch
 
 
+def click_record(impression_id: str, ts: int, id_field: str = "impression_id", time_field: str = "ts") -> bytes:
+    """A click as the joiner reads it (read_clicks' inverse): `{id_field: impression_id, time_field: ts}`."""
+    return orjson.dumps({id_field: impression_id, time_field: ts})
+
+
 def read_impressions(record: RawRecord, schema: Schema) -> tuple[list[Impression], list[Rejected], pa.Table | None]:
     """One impressions-topic record -> its impressions, in order, a Rejected per bad one, and for an
     Arrow bundle the bundle itself (the good impressions' payloads are RowRefs into it; None for JSON)."""

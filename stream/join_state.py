@@ -4,7 +4,7 @@ What one partition's database holds:
     b"e" + impression id  -> the id's Entry (stream/join.py), encoded by `encode_entry`
     b"m"                  -> Progress: the next offsets of the impressions and clicks partitions,
                              the newest impression time seen (the watermark's source), the chunk number
-    b"p"                  -> the outputs of the last chunk (`encode_outputs`), written before they are sent
+    b"q"                  -> the outputs of the last chunk (`encode_outputs`), written before they are sent
     b"b" + offset, newest -> an Arrow bundle of impressions as read at that offset (its entries point at
                              their rows: RowRef), kept while an emission may need one of its rows
 
@@ -41,7 +41,8 @@ _HEAD = struct.Struct("<Bqq")  # flags, due, the impression's (or the early clic
 _REF = struct.Struct("<qI")  # a RowRef: the bundle's offset, the row
 _BUNDLE_KEY = struct.Struct(">qq")  # offset, newest row time (big-endian: keys sort by offset)
 _HAS_IMPRESSION, _CLICKED, _EMITTED, _CLOSED, _EARLY_CLICK, _ROW_REF = 1, 2, 4, 8, 16, 32
-ENTRY, PROGRESS, PENDING, BUNDLE = b"e", b"m", b"p", b"b"
+ENTRY, PROGRESS, PENDING, BUNDLE = b"e", b"m", b"q", b"b"
+PENDING_BEFORE_PARTITIONS = b"p"  # the last chunk's outputs as states written before outputs had a partition
 CACHED_BUNDLES = 64  # Arrow bundles held decoded in memory per partition (the newest, mostly)
 
 
@@ -92,27 +93,37 @@ class PendingOutput:
     key: bytes
     value: bytes
     headers: tuple[tuple[str, bytes], ...] = ()
+    partition: int = -1  # the partition to write to (-1: the producer's partitioner, by key)
+
+
+_SIZES = struct.Struct("<4Ii")  # the four fields' sizes, the partition
 
 
 def encode_outputs(outputs: list[PendingOutput]) -> bytes:
     parts = [struct.pack("<I", len(outputs))]
     for o in outputs:
         fields = [o.topic.encode(), o.key, o.value, orjson.dumps([[k, v.decode("latin-1")] for k, v in o.headers])]
-        parts += [struct.pack("<4I", *map(len, fields)), *fields]
+        parts += [_SIZES.pack(*map(len, fields), o.partition), *fields]
     return b"".join(parts)
 
 
-def decode_outputs(blob: bytes) -> list[PendingOutput]:
+def decode_outputs(blob: bytes, with_partition: bool = True) -> list[PendingOutput]:
+    """`encode_outputs`' inverse (`with_partition=False`: the layout before outputs had a partition)."""
     (count,), at, out = struct.unpack_from("<I", blob), 4, []
     for _ in range(count):
-        sizes = struct.unpack_from("<4I", blob, at)
-        at += 16
+        partition = -1
+        if with_partition:
+            *sizes, partition = _SIZES.unpack_from(blob, at)
+            at += _SIZES.size
+        else:
+            sizes = list(struct.unpack_from("<4I", blob, at))
+            at += 16
         fields = []
         for size in sizes:
             fields.append(blob[at : at + size])
             at += size
         headers = tuple((k, v.encode("latin-1")) for k, v in orjson.loads(fields[3]))
-        out.append(PendingOutput(fields[0].decode(), fields[1], fields[2], headers))
+        out.append(PendingOutput(fields[0].decode(), fields[1], fields[2], headers, partition))
     return out
 
 
@@ -210,6 +221,7 @@ class PartitionState:
             self._tables.pop(offset, None)
         batch.put(PROGRESS, orjson.dumps(vars(progress)))
         batch.put(PENDING, encode_outputs(outputs))
+        batch.delete(PENDING_BEFORE_PARTITIONS)
         self.db.write(batch)
         self._staged.clear()
         self._read.clear()
@@ -218,7 +230,10 @@ class PartitionState:
 
     def pending_outputs(self) -> list[PendingOutput]:
         raw = self.db.get(PENDING)
-        return decode_outputs(raw) if raw is not None else []  # type: ignore[arg-type]
+        if raw is None:  # a state written before outputs had a partition
+            old = self.db.get(PENDING_BEFORE_PARTITIONS)
+            return decode_outputs(old, with_partition=False) if old is not None else []  # type: ignore[arg-type]
+        return decode_outputs(raw)  # type: ignore[arg-type]
 
     def entries(self) -> Iterator[tuple[str, Entry]]:
         """Every stored entry (the staged ones not included)."""

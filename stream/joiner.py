@@ -21,10 +21,23 @@ and an emitted event reaches `adstream.events` once for readers at isolation lev
 every start (minutes for a 30-minute window) and its transactions are per partition of one topic,
 while a join reads two; this is one poll loop, one write and one transaction per chunk.
 
-Partitions: impressions and clicks are keyed by impression id and have as many partitions, so
-partition p of both holds every record of an id (produce both with one partitioner: `adstream
-replay --clicks` does). Worker i of N takes the partitions p with p % N == i, and each partition
-has its own database, so N can change between runs.
+Partitions: impressions and clicks have as many partitions, and an impression id's state lives in
+the partition its id hashes to (murmur2, Java's default partitioner: stream/partitioner.py). A
+record that arrived elsewhere (a producer with another partitioner: librdkafka's default is CRC32)
+is moved there, as Kafka Streams' repartition topics do, but onto the same topic: it goes out as a
+record to its own partition inside the chunk's transaction, with the input offset that consumed it,
+so it is moved exactly once; until its partition reads it back, that partition's watermark is held
+at its time, so no window it belongs to closes meanwhile (when that partition is this worker's).
+The watermark also waits for every clicks partition of the worker, not only its own: a click for
+partition p may first arrive on q. Output records of partition p go to partition p of the events
+topic (mod its count), so an impression's negative and its positive copy share a partition, in order.
+Worker i of N takes the partitions p with p % N == i, and each partition has its own database, so
+N can change between runs.
+
+A bounded log (a replayed file, a test) ends with the last `window_s + allowed_lateness_s` of event
+time still open: nothing later moves the watermark past it. `adstream join --until-idle S` closes
+every window once all inputs are read to their end and nothing came for S seconds, then exits
+(`end_of_input`); not for a live log, whose next impression would find its window closed.
 """
 
 from __future__ import annotations
@@ -32,17 +45,20 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
 from prometheus_client import Counter, Gauge
 
-from stream.clicks import click_record
-from stream.join import Cursor, Emission, JoinRules, payload_kept_ms
-from stream.join_input import ClickFields, read_clicks, read_impressions
+from stream.bundle import encode_table
+from stream.join import Click, Cursor, Emission, Impression, JoinRules, RowRef, payload_kept_ms
+from stream.join_input import ClickFields, click_record, read_clicks, read_impressions
 from stream.join_output import event_records
 from stream.join_state import PartitionState, PendingOutput, Progress
 from stream.outputs import RECORD_OVERHEAD, dead_letter
+from stream.partitioner import partition_of
 from stream.prometheus import serve_metrics
 from stream.records import RawRecord, Rejected
 from stream.retry import is_transient
@@ -56,6 +72,15 @@ CLICKS = Counter("adstream_join_clicks_total", "clicks read")
 EMITTED = Counter("adstream_join_emitted_total", "labelled events written", ["label"])
 LATE = Counter("adstream_join_late_clicks_total", "clicks after their impression's window")
 ORPHANS = Counter("adstream_join_orphan_clicks_total", "clicks no impression claimed (dead-lettered)")
+FORGOTTEN = Counter(
+    "adstream_join_forgotten_clicks_total",
+    "clicks older than the join's memory: their impression, if any, was forgotten (dead-lettered)",
+)
+REROUTED = Counter(
+    "adstream_join_rerouted_total",
+    "impressions and clicks that arrived on another partition than their id's (murmur2) and were moved there",
+    ["input"],
+)
 DUPLICATE_CLICKS = Counter("adstream_join_duplicate_clicks_total", "second clicks of a clicked impression")
 REJECTED = Counter("adstream_join_rejected_total", "impressions and clicks sent to the dead-letter topic")
 PENDING = Gauge(
@@ -64,18 +89,28 @@ PENDING = Gauge(
 STATE_BYTES = Gauge("adstream_join_state_bytes", "bytes of join state on disk and in memtables")
 WATERMARK_LAG = Gauge("adstream_join_watermark_lag_seconds", "wall-clock time minus the lowest partition watermark")
 EXIT_CANNOT_WRITE = 70
+REROUTED_FROM = "adstream-rerouted-from"  # header of a moved record: topic:partition:offset it came from
+NEVER = -(1 << 62)
 
 
 @dataclass
 class _Partition:
     """One input partition's state, cursor and offsets (the joiner's mutable shell state)."""
 
+    number: int  # the partition
     state: PartitionState
     cursor: Cursor
     impressions_offset: int
     clicks_offset: int
     touched: bool = False  # read from in this chunk
-    newest_click: int = -(1 << 62)  # newest click time read (since start)
+    newest_click: int = NEVER  # newest click time read (since start)
+    # records moved here from another partition and not read back yet: the oldest one's event time
+    # (the watermark waits for it) and, once their transaction committed, the offset by which this
+    # partition's input (impressions or clicks) has read them all
+    holds: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # how far the clicks that may label this partition's impressions are known to have come (event
+    # time; None: all read): the worker's unread clicks partitions and clicks moved here (_align)
+    clicks_frontier: int | None = NEVER
     # the input partitions paused because they ran ahead of the other in event time (Joiner._align)
     paused: dict[str, bool] = field(default_factory=lambda: {"impressions": False})
     outputs: list[PendingOutput] = field(default_factory=list)
@@ -116,6 +151,8 @@ class Joiner:
         )
         self.partitions = self._my_partitions(worker, workers)
         self.parts: dict[int, _Partition] = {}
+        self.ended = False  # every window closed by end_of_input: a bounded log is done
+        self._warned_moves = False
 
     def _my_partitions(self, worker: int, workers: int) -> list[int]:
         from stream.errors import StreamError
@@ -131,6 +168,10 @@ class Joiner:
                 f"join: {self.kafka.impressions_topic} has {counts[0]} partitions, {self.kafka.clicks_topic} "
                 f"{counts[1]}; the join needs them co-partitioned: give both the same count"
             )
+        events = topics.get(self.kafka.events_topic)
+        if events is None or events.error is not None:
+            raise StreamError(f"join: no topic {self.kafka.events_topic} at {self.kafka.bootstrap}; run `adstream up`")
+        self.input_partitions, self.events_partitions = counts[0], len(events.partitions)
         return [p for p in range(counts[0]) if p % workers == worker]
 
     def start(self) -> None:
@@ -151,8 +192,8 @@ class Joiner:
             progress = state.progress
             timers = [(entry.due, key) for key, entry in state.entries()]
             cursor = Cursor(self.rules, state.get, state.stage, timers, progress.newest_ts, state.preload)
-            cursor.clicks_frontier = -(1 << 62)  # no click read yet: no window closes until they are
-            part = _Partition(state, cursor, progress.impressions_offset, progress.clicks_offset)
+            cursor.clicks_frontier = NEVER  # no click read yet: no window closes until they are
+            part = _Partition(p, state, cursor, progress.impressions_offset, progress.clicks_offset)
             self.parts[p] = part
             behind = (_offset(committed.get((imp, p))), _offset(committed.get((clk, p)))) != (
                 progress.impressions_offset,
@@ -180,20 +221,20 @@ class Joiner:
             return 0
         imp = self.kafka.impressions_topic
         messages.sort(key=lambda m: m.topic() == imp)  # a chunk's clicks first: fewer wait as early clicks
-        clicked: set[int] = set()  # partitions whose clicks moved: their frontier moves before their impressions
+        clicked = False  # clicks read or records moved: the frontiers move before the next impressions
         for message in messages:
             p, offset, topic = int(message.partition() or 0), int(message.offset() or 0), str(message.topic())
             if topic == imp and clicked:
-                for q in clicked:
-                    self._move_frontier(q, self.parts[q])
-                clicked.clear()
+                self._move_frontiers()
+                clicked = False
             part = self.parts[p]
             part.touched = True
             record = RawRecord(p, offset, message.value() or b"")
             if topic == imp:
                 impressions, bad, bundle = read_impressions(record, self.schema)
                 IMPRESSIONS.inc(len(impressions))
-                if bundle is not None:  # stored once; its impressions point at their rows
+                impressions = self._keep_impressions(record, impressions, bundle)
+                if bundle is not None and impressions:  # stored once; its impressions point at their rows
                     part.state.put_bundle(offset, max(i.ts for i in impressions), record.value, bundle)
                 if len(impressions) > 1:
                     part.state.preload([i.impression_id for i in impressions])
@@ -202,26 +243,106 @@ class Joiner:
             else:
                 clicks, bad = read_clicks(record, self.fields)
                 CLICKS.inc(len(clicks))
-                for click in clicks:
+                for click in self._keep_clicks(record, clicks):
                     part.cursor.click(click)
                     part.newest_click = max(part.newest_click, click.ts)
                 part.clicks_offset = offset + 1
-                clicked.add(p)
+                clicked = True
             if bad:
                 part.outputs += [self._letter(topic, r) for r in bad]
                 REJECTED.inc(len(bad))
+        self._move_frontiers()
         for p, part in self.parts.items():
             if part.touched:
                 self._close_chunk(p, part)
         self._send()
         return len(messages)
 
-    def _move_frontier(self, p: int, part: _Partition) -> None:
-        """Let the watermark pass the clicks read so far, or go free once every click is read (the
-        partition's high offset, as of the last fetch, reached); then run the timers it passed."""
-        caught_up = self._caught_up(self.kafka.clicks_topic, p, part.clicks_offset)
-        part.cursor.clicks_frontier = None if caught_up else part.newest_click
-        part.cursor.fire(part.cursor.watermark)
+    def _keep_impressions(self, record: RawRecord, impressions: list[Impression], bundle: object) -> list[Impression]:
+        """The impressions of this partition; the others are moved to theirs (`_move`): a JSON
+        impression as its JSON line, an Arrow bundle's as rows of an Arrow bundle."""
+        n, p = self.input_partitions, record.partition
+        if all(partition_of(i.impression_id, n) == p for i in impressions):
+            return impressions
+        kept: list[Impression] = []
+        away: defaultdict[int, list[Impression]] = defaultdict(list)
+        for i in impressions:
+            q = partition_of(i.impression_id, n)
+            (kept if q == p else away[q]).append(i)
+        for q, moved in away.items():
+            if isinstance(moved[0].payload, RowRef):
+                rows = pa.array([i.payload.row for i in moved], pa.int64())  # type: ignore[union-attr]
+                value = encode_table(bundle.take(rows))  # type: ignore[attr-defined]
+            else:
+                value = b"\n".join(i.payload for i in moved)  # type: ignore[misc]
+            self._move(self.kafka.impressions_topic, record, q, moved[0].impression_id, value, moved)
+        return kept
+
+    def _keep_clicks(self, record: RawRecord, clicks: list[Click]) -> list[Click]:
+        """The clicks of this partition; the others are moved to theirs (`_move`)."""
+        n, p = self.input_partitions, record.partition
+        if all(partition_of(c.impression_id, n) == p for c in clicks):
+            return clicks
+        kept: list[Click] = []
+        away: defaultdict[int, list[Click]] = defaultdict(list)
+        for c in clicks:
+            q = partition_of(c.impression_id, n)
+            (kept if q == p else away[q]).append(c)
+        id_field, time_field = self.fields.impression_id, self.fields.time
+        for q, moved in away.items():
+            value = b"\n".join(click_record(c.impression_id, c.ts, id_field, time_field) for c in moved)
+            self._move(self.kafka.clicks_topic, record, q, moved[0].impression_id, value, moved)
+        return kept
+
+    def _move(self, topic: str, record: RawRecord, to: int, key: str, value: bytes, moved: list) -> None:
+        """Send records that arrived on the wrong partition to `to`, in this chunk's transaction (so
+        exactly once: with the offset that read them); hold `to`'s watermark until it reads them
+        back, where `to` is this worker's."""
+        which = "impressions" if topic == self.kafka.impressions_topic else "clicks"
+        source = f"{topic}:{record.partition}:{record.offset}".encode()
+        output = PendingOutput(topic, key.encode(), value, ((REROUTED_FROM, source),), to)
+        self.parts[record.partition].outputs.append(output)
+        REROUTED.labels(which).inc(len(moved))
+        if not self._warned_moves:
+            self._warned_moves = True
+            log.warning(
+                "join: %s for partition %d arrived on partition %d of %s (its producer does not place keys by "
+                "murmur2); moved there, exactly once. Produce with partitioner=murmur2_random (librdkafka) or "
+                "Java's default partitioner to save the hop",
+                which,
+                to,
+                record.partition,
+                topic,
+            )
+        target = self.parts.get(to)
+        if target is not None:
+            oldest = min(m.ts for m in moved)
+            held = target.holds.get(which)
+            target.holds[which] = (min(oldest, held[0]) if held else oldest, -1)  # its offset: once committed
+            target.touched = True
+
+    def _move_frontiers(self) -> None:
+        """Let each partition's watermark pass the clicks read so far, of every clicks partition of
+        this worker (a click for p may first arrive on q and be moved), or go free once every click is
+        read (each partition's high offset, as of the last fetch, reached); never past a moved record
+        not read back yet. Then run the timers it passed."""
+        frontier: int | None = None
+        for p, part in self.parts.items():
+            if not self._caught_up(self.kafka.clicks_topic, p, part.clicks_offset):
+                frontier = part.newest_click if frontier is None else min(frontier, part.newest_click)
+        for part in self.parts.values():
+            self._release_holds(part)
+            clicks_held = part.holds.get("clicks", (None,))[0]
+            part.clicks_frontier = _lowest(frontier, clicks_held)
+            part.cursor.clicks_frontier = _lowest(part.clicks_frontier, part.holds.get("impressions", (None,))[0])
+            if part.cursor.fire(part.cursor.watermark):
+                part.touched = True  # its state changed: commit it with this chunk
+
+    def _release_holds(self, part: _Partition) -> None:
+        for which, (_, until) in list(part.holds.items()):
+            offset = part.impressions_offset if which == "impressions" else part.clicks_offset
+            if until >= 0 and offset >= until:
+                del part.holds[which]
 
     def _align(self, p: int, part: _Partition) -> None:
         """Read the two inputs in step, in event time: while the clicks partition has unread clicks
@@ -232,11 +353,11 @@ class Joiner:
         ahead of their impressions are held as early clicks instead: pausing the clicks too, whose
         fetches reach much further in time than the impression bundles', costs more in refetches
         than the early clicks' slow path.)"""
-        cursor = part.cursor
+        cursor, frontier = part.cursor, part.clicks_frontier  # (impressions moved here are read on, not waited for)
         ahead = (
-            cursor.clicks_frontier is not None
+            frontier is not None
             and cursor.newest is not None
-            and cursor.newest > part.newest_click + self.rules.allowed_lateness_ms
+            and cursor.newest > frontier + self.rules.allowed_lateness_ms
         )
         self._pause(p, part, "impressions", ahead, part.impressions_offset)
 
@@ -265,8 +386,35 @@ class Joiner:
                 self.consumer.seek(tp[0])  # from the next record not yet read
         part.paused[which] = pause
 
-    def _close_chunk(self, p: int, part: _Partition) -> None:
-        self._move_frontier(p, part)
+    def at_end(self) -> bool:
+        """Whether every input partition of this worker is read to its end (asked of the broker now)
+        and no record moved to one of them is still unread."""
+        from confluent_kafka import TopicPartition
+
+        for p, part in self.parts.items():
+            if part.holds:
+                return False
+            for topic, offset in (
+                (self.kafka.impressions_topic, part.impressions_offset),
+                (self.kafka.clicks_topic, part.clicks_offset),
+            ):
+                low, high = self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30, cached=False)
+                if (offset if offset >= 0 else low) < high - 1:  # (the last record may be a commit marker)
+                    return False
+        return True
+
+    def end_of_input(self) -> None:
+        """The end of a bounded log: close every window now (event time runs past every timer),
+        emit what that emits, commit and send it, as any chunk. Not for a live log: an impression
+        read afterwards finds its window closed."""
+        for p, part in self.parts.items():
+            part.cursor.fire(1 << 62)
+            self._close_chunk(p, part, bundles_before=1 << 62)
+            part.touched = True
+        self._send()
+        self.ended = True
+
+    def _close_chunk(self, p: int, part: _Partition, bundles_before: int | None = None) -> None:
         self._align(p, part)
         emitted, dead, counts = part.cursor.take()
         part.outputs += self._records(part, emitted)
@@ -276,6 +424,7 @@ class Joiner:
             part.outputs.append(self._letter(self.kafka.clicks_topic, letter))
         LATE.inc(counts.late_clicks)
         ORPHANS.inc(counts.orphan_clicks)
+        FORGOTTEN.inc(counts.forgotten_clicks)
         DUPLICATE_CLICKS.inc(counts.duplicate_clicks)
         positives = sum(e.label for e in emitted)
         EMITTED.labels("1").inc(positives)
@@ -284,13 +433,16 @@ class Joiner:
             part.impressions_offset, part.clicks_offset, part.cursor.newest, part.state.progress.chunk + 1
         )
         # no emission needs the rows of a bundle this much older than the watermark
-        part.state.commit(progress, part.outputs, part.cursor.watermark - payload_kept_ms(self.rules))
+        if bundles_before is None:
+            bundles_before = part.cursor.watermark - payload_kept_ms(self.rules)
+        part.state.commit(progress, part.outputs, bundles_before)
 
     def _records(self, part: _Partition, emitted: list[Emission]) -> list[PendingOutput]:
         """Labelled events as records of at most bundle_events events and the message limit."""
         limit = self.kafka.max_message_bytes - RECORD_OVERHEAD
         records = event_records(emitted, self.schema.label, part.state.bundle, self.join.bundle_events, limit)
-        return [PendingOutput(self.kafka.events_topic, key, value) for key, value in records]
+        to = part.number % self.events_partitions  # an impression's events share a partition, in order
+        return [PendingOutput(self.kafka.events_topic, key, value, (), to) for key, value in records]
 
     def _letter(self, topic: str, rejected: Rejected) -> PendingOutput:
         source = f"{topic}:{rejected.partition}:{rejected.offset}" if rejected.offset >= 0 else topic
@@ -332,12 +484,33 @@ class Joiner:
                 backoff = min(2 * backoff, 10.0)
         for part in touched.values():
             part.touched, part.outputs = False, []
+        self._note_moved()
         self._report()
+
+    def _note_moved(self) -> None:
+        """Once the transaction with moved records committed: the offset by which each partition of
+        this worker they went to will have read them (its end now; asked again next chunk if the
+        broker does not answer)."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        for q, part in self.parts.items():
+            for which, (ts, until) in list(part.holds.items()):
+                if until >= 0:
+                    continue
+                topic = self.kafka.impressions_topic if which == "impressions" else self.kafka.clicks_topic
+                try:
+                    _, high = self.consumer.get_watermark_offsets(TopicPartition(topic, q), timeout=10, cached=False)
+                except KafkaException:
+                    continue
+                part.holds[which] = (ts, high - 1)  # (the last record is the transaction's commit marker)
 
     def _produce(self, o: PendingOutput) -> None:
         while True:
             try:
-                self.producer.produce(o.topic, o.value, o.key or None, headers=list(o.headers) or None)
+                if o.partition >= 0:
+                    self.producer.produce(o.topic, o.value, o.key or None, o.partition, headers=list(o.headers) or None)
+                else:
+                    self.producer.produce(o.topic, o.value, o.key or None, headers=list(o.headers) or None)
                 return
             except BufferError:
                 self.producer.poll(0.05)
@@ -361,6 +534,11 @@ class Joiner:
             part.state.close()
 
 
+def _lowest(a: int | None, b: int | None) -> int | None:
+    """The lower of two frontiers, None standing for none."""
+    return b if a is None else a if b is None else min(a, b)
+
+
 def _offset(committed: int | None) -> int:
     """A committed offset, -1 for none (Kafka answers -1001)."""
     return committed if committed is not None and committed >= 0 else -1
@@ -380,9 +558,13 @@ def collect_garbage_rarely() -> None:
     gc.set_threshold(50_000, 50, 100)
 
 
-def run_joiner(kafka: KafkaSettings, settings: StreamSettings, worker: int = 0, workers: int = 1) -> None:
-    """Run one joiner worker until SIGTERM/SIGINT; a write Kafka refuses for good ends the process
-    with status 70 after what is committed (nothing is lost: a restart resends)."""
+def run_joiner(
+    kafka: KafkaSettings, settings: StreamSettings, worker: int = 0, workers: int = 1, until_idle_s: float | None = None
+) -> None:
+    """Run one joiner worker until SIGTERM/SIGINT (or, with `until_idle_s`, until every input is read
+    to its end and nothing came for that long: then every window is closed and it exits); a write
+    Kafka refuses for good ends the process with status 70 after what is committed (nothing is
+    lost: a restart resends)."""
     from common.processes import stop_requested
     from stream.topics import ensure_topics
 
@@ -395,19 +577,30 @@ def run_joiner(kafka: KafkaSettings, settings: StreamSettings, worker: int = 0, 
     joiner = Joiner(kafka, settings, worker, workers)
     try:
         joiner.start()
+        idle_since = time.monotonic()
         while not stopping():
-            joiner.step()
+            if joiner.step():
+                idle_since = time.monotonic()
+            elif until_idle_s is not None and time.monotonic() - idle_since >= until_idle_s:
+                if joiner.at_end():
+                    joiner.end_of_input()
+                    log.warning(
+                        "join: worker %d: every input read and idle %.0f s: all windows closed", worker, until_idle_s
+                    )
+                    break
+                idle_since = time.monotonic()
     except Exception:
         log.exception("join: worker %d stops: a write the broker refuses for good", worker)
         os._exit(EXIT_CANNOT_WRITE)
     joiner.close()
 
 
-def run_joiners(kafka: KafkaSettings, settings: StreamSettings, workers: int) -> int:
+def run_joiners(kafka: KafkaSettings, settings: StreamSettings, workers: int, until_idle_s: float | None = None) -> int:
     """`workers` joiner processes, partitions split between them (worker i: p % workers == i)."""
     from stream.children import run_children
 
     if workers == 1:  # each worker creates the topics it needs (run_joiner)
-        run_joiner(kafka, settings)
+        run_joiner(kafka, settings, until_idle_s=until_idle_s)
         return 0
-    return run_children(run_joiner, [(kafka, settings, i, workers) for i in range(workers)])
+    args = [(kafka, settings, i, workers, until_idle_s) for i in range(workers)]
+    return run_children(run_joiner, args, finite=until_idle_s is not None)

@@ -41,6 +41,7 @@ class ReplaySummary:
     events_per_s: float
     rejected: int  # lines sent to the dead-letter topic instead
     skipped: int = 0  # records left out because the topics already held them (resume)
+    clicks: int = 0  # click records sent to the clicks topic (replay --clicks; not counted in events)
 
 
 class ReplayRecord(NamedTuple):
@@ -266,7 +267,7 @@ def replay(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     writer = KafkaWriter(kafka)
-    events = rejected = nbytes = skipped = skipped_events = 0
+    events = rejected = nbytes = skipped = skipped_events = clicks = 0
     skip = skip or set()
     next_report = 1000
     start = time.perf_counter()
@@ -294,6 +295,9 @@ def replay(
                 rejected += 1
                 continue
             send(to or topic, value, key, partition=partition)
+            if to is not None and to == kafka.clicks_topic:  # the bar and the rate count impressions
+                clicks += 1
+                continue
             events += count
             nbytes += len(value)
             if events >= next_report:
@@ -308,4 +312,4 @@ def replay(
         writer.flush()
         bar.update(task, completed=events)
     seconds = time.perf_counter() - start
-    return ReplaySummary(events, nbytes, seconds, events / seconds if seconds else 0.0, rejected, skipped)
+    return ReplaySummary(events, nbytes, seconds, events / seconds if seconds else 0.0, rejected, skipped, clicks)

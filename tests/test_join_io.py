@@ -10,11 +10,12 @@ import pyarrow as pa
 import pytest
 
 from stream.bundle import encode_table, event_table
-from stream.clicks import ClickDelays, interleave, murmur2_partition, split_clicks
+from stream.clicks import ClickDelays, interleave, split_clicks
 from stream.join import Click, Emission, Entry, Impression, RowRef
 from stream.join_input import ClickFields, read_clicks, read_impressions
 from stream.join_output import event_records, read_events
 from stream.join_state import PartitionState, PendingOutput, Progress, decode_entry, encode_entry
+from stream.partitioner import murmur2_partition
 from stream.records import RawRecord
 from tests.helpers import criteo_event
 

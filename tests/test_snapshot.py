@@ -210,3 +210,36 @@ def test_a_rows_file_names_its_optimizer_state_blocks_for_what_they_are_and_old_
     older = EmbeddingTable(RamTier(3 * trainer.table_config.dim, 1 << 26), trainer.table_config)
     load_snapshot(path, older)
     assert torch.equal(older.export()[1], rows) and np.array_equal(older.export()[0], ids)
+
+
+def test_a_full_disk_is_one_line_naming_the_folder_and_leaves_no_half_snapshot(schema, tmp_path):
+    """A real full disk: a 256 KiB tmpfs mounted in a user namespace of its own (`unshare -rm`), where
+    the trainer writes a snapshot. safetensors reports ENOSPC as its own error type, not an OSError."""
+    import shutil
+    import subprocess
+    import sys
+
+    assert shutil.which("unshare"), "util-linux's unshare is needed for a filesystem that fills up"
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = (
+        "import sys\n"
+        "from stream.schema import load_schema\n"
+        "from tests.helpers import trained_trainer\n"
+        "from trainer.errors import SnapshotError\n"
+        "trainer = trained_trainer(load_schema('criteo'), 1)\n"
+        "try:\n"
+        f"    trainer.save({str(disk)!r})\n"
+        "except SnapshotError as exc:\n"
+        "    print('ERROR', exc)\n"
+        "import os\n"
+        f"print('LEFT', sorted(os.listdir({str(disk)!r})))\n"
+    )
+    mount = f"mount -t tmpfs -o size=256k tmpfs {disk} && exec {sys.executable} -c \"$0\""
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", mount, script], capture_output=True, text=True, timeout=300)
+    lines = done.stdout.splitlines()
+    errors = [line for line in lines if line.startswith("ERROR")]
+    assert len(errors) == 1, done.stdout + done.stderr
+    assert f"snapshot {disk}/step-000000001: cannot write (No space left on device)" in errors[0]
+    assert "trainer.snapshot.dir" in errors[0] and "Traceback" not in done.stderr
+    assert "LEFT []" in lines, done.stdout

@@ -102,6 +102,10 @@ class Publisher:
         log.info("published %s version %s (step %d)", name, version.version, step)
         return str(version.version)
 
+    def forget_base(self) -> None:
+        """A delta of the current base was lost (not written): no more deltas until the next base."""
+        self.base_path = None
+
     def publish_delta(self, folder: Path, sequence: int, step: int, rows: int) -> None:
         """Upload delta `sequence` of the current base: data first, manifest last. On any failure
         the base is forgotten, so the next publication is a base (serving never sees a gap)."""

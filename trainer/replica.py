@@ -10,6 +10,7 @@ keeps the counters.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -48,6 +49,7 @@ from trainer.model import CtrModel
 from trainer.settings import TrainerSettings
 from trainer.shard import ShardedTable
 from trainer.snapshot import (
+    MANIFEST,
     Manifest,
     finish_snapshot,
     load_optimizer_state,
@@ -427,6 +429,8 @@ class Trainer:
         try:
             return self._write_files(path, manifest, recovery, metrics)
         except OSError as exc:  # a full or read-only disk: name the folder and the way out
+            if not (path / MANIFEST).exists():  # nothing half-written is left to look like a snapshot
+                shutil.rmtree(path, ignore_errors=True)
             raise SnapshotError(
                 f"snapshot {path}: cannot write ({exc.strerror or exc}); free space there or point "
                 "trainer.snapshot.dir at a writable folder"

@@ -90,7 +90,21 @@ def send_delta(
         base_step=publisher.base_step,
         sequence=publisher.sequence + 1,
     )
-    folder = trainer.publish_delta_to(Path(settings.snapshot.dir) / "deltas", manifest, changed, table)
+    try:
+        folder = trainer.publish_delta_to(Path(settings.snapshot.dir) / "deltas", manifest, changed, table)
+    except OSError as exc:  # a full disk: this delta is lost, so the next publication is a base
+        publisher.forget_base()
+        shutil.rmtree(Path(settings.snapshot.dir) / "deltas", ignore_errors=True)
+        log.error(
+            "delta %d of base step %d not written (%s: %s); free space under trainer.snapshot.dir=%s; the "
+            "next publication is a base",
+            manifest.sequence,
+            manifest.base_step,
+            exc.strerror or exc,
+            exc.filename,
+            settings.snapshot.dir,
+        )
+        return
     try:
         publisher.publish_delta(folder, manifest.sequence, trainer.step, len(changed))
     except Exception as exc:  # MLflow unreachable for a moment: the next publication is a base

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
@@ -37,7 +38,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from safetensors.torch import save_file as _save_file
 
 from store.sparse_optim import join_rows, split_rows
 from store.table import EmbeddingTable, TableConfig
@@ -98,6 +101,20 @@ class Snapshot:
     manifest: Manifest
     model: CtrModel
     table: EmbeddingTable
+
+
+def save_file(tensors: dict[str, torch.Tensor], file: str | Path) -> None:
+    """safetensors' save_file, its IO failures as the OSError they are: safetensors reports a full
+    disk as a SafetensorError ("I/O error: No space left on device (os error 28)"), no OSError, so callers
+    that name the folder for an OSError would show its traceback instead."""
+    try:
+        _save_file(tensors, file)
+    except SafetensorError as exc:
+        found = re.search(r"(?:os error|code:) (\d+)", str(exc))
+        if found is None:
+            raise
+        code = int(found.group(1))
+        raise OSError(code, os.strerror(code), str(file)) from None
 
 
 def rows_file(shard: int = 0, shards: int = 1) -> str:

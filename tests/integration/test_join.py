@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from stream.bundle import event_table, is_arrow_bundle
-from stream.clicks import interleave, murmur2_partition, split_clicks
+from stream.clicks import interleave, split_clicks
 from stream.join_output import read_events
+from stream.partitioner import murmur2_partition
 from stream.replay import ReplayRecord, replay
 from stream.settings import JoinSettings
 from stream.synthetic import SyntheticConfig, SyntheticCriteo
