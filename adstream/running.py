@@ -91,7 +91,7 @@ def consumer_lags(bootstrap: str, groups: dict[str, list[str]], timeout_s: float
         readable = readable_records(bootstrap, {k: v for k, v in behind.items() if v[1] > v[0]}, timeout_s)
         lag = {}
         for topic in topics:
-            lag[topic] = sum(readable[k] for k in behind if k[0] == topic)
+            lag[topic] = sum(readable.get(k, 0) for k in behind if k[0] == topic)
         out[group] = {"lag": lag, "committed": any(offset >= 0 for offset in committed.values())}
     return out
 

@@ -162,7 +162,8 @@ def registry_fetch(tracking_uri: str, model_name: str, settings: ServingSettings
 
     def drop(old: ServedModel) -> None:
         old.table.tier.close()
-        shutil.rmtree(Path(settings.cache_dir) / model_name / old.version, ignore_errors=True)
+        if old.folder is not None:
+            shutil.rmtree(old.folder, ignore_errors=True)
 
     registry = MlflowRegistry(tracking_uri, model_name, settings.alias, settings.cache_dir)
     return Follower(registry, load, apply_delta, drop)

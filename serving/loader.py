@@ -39,6 +39,7 @@ class ServedModel:
     manifest: Manifest
     model: CtrModel
     table: EmbeddingTable  # vectors only (n, E+1): lookups, no updates (deltas land in its FrozenTier)
+    folder: Path | None = None  # the base publication's folder it was loaded from (the download cache's)
 
     @property
     def sequence(self) -> int:
@@ -73,7 +74,7 @@ def load_served_model(
         raise ServingError(str(exc)) from exc
     config = TableConfig.from_dict(manifest.table)
     table = EmbeddingTable(tier, config, shared_ids(schema) if config.min_count > 1 else None)
-    return ServedModel(version, manifest, load_model(path, manifest), table)
+    return ServedModel(version, manifest, load_model(path, manifest), table, Path(path))
 
 
 def apply_delta(served: ServedModel, path: str | Path) -> ServedModel:
@@ -106,4 +107,4 @@ def apply_delta(served: ServedModel, path: str | Path) -> ServedModel:
             tier.remove(removed)
     except StoreError as exc:
         raise ServingError(str(exc)) from exc
-    return ServedModel(served.version, manifest, model, served.table)
+    return ServedModel(served.version, manifest, model, served.table, served.folder)

@@ -8,6 +8,7 @@ uploaded (DELTA_TAG), and the deltas folder is listed only when that tag is ahea
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -57,11 +58,20 @@ def resolve(tracking_uri: str, name: str, alias: str) -> VersionRef | None:
     return VersionRef(name, str(mv.version), str(mv.source), str(mv.run_id), int(delta) if delta else None)
 
 
+def cache_folder(cache_dir: str | Path, ref: VersionRef) -> Path:
+    """Where a version's download lives: by name, version AND where it came from (its run and
+    artifact URI). A registry made anew (a stack brought down with its volumes, another MLflow on
+    the same port) numbers its versions from 1 again; a cache keyed by the number alone served an
+    earlier registry's version 1 with the new one's deltas on top, rows of two runs mixed."""
+    origin = hashlib.sha256(f"{ref.run_id}|{ref.source}".encode()).hexdigest()[:12]
+    return Path(cache_dir) / ref.name / f"{ref.version}-{origin}"
+
+
 def download(tracking_uri: str, ref: VersionRef, cache_dir: str | Path) -> Path:
     """Download a version's snapshot folder once; later calls reuse it."""
     import mlflow
 
-    target = Path(cache_dir) / ref.name / ref.version
+    target = cache_folder(cache_dir, ref)
     if is_complete(target):
         return target
     target.mkdir(parents=True, exist_ok=True)
@@ -90,7 +100,7 @@ def download_delta(tracking_uri: str, ref: VersionRef, sequence: int, cache_dir:
     manifest, uploaded last, is not there yet)."""
     import mlflow
 
-    target = Path(cache_dir) / ref.name / ref.version / delta_path(sequence)
+    target = cache_folder(cache_dir, ref) / delta_path(sequence)
     if is_complete(target):
         return target
     uri = f"{ref.source}/{delta_path(sequence)}"

@@ -57,6 +57,7 @@ from stream.join import Click, Cursor, Emission, Impression, JoinRules, RowRef, 
 from stream.join_input import ClickFields, click_record, read_clicks, read_impressions
 from stream.join_output import event_records
 from stream.join_state import PartitionState, PendingOutput, Progress
+from stream.kafka_log import broker_back, quiet_logs
 from stream.outputs import RECORD_OVERHEAD, dead_letter
 from stream.partitioner import partition_of
 from stream.prometheus import serve_metrics
@@ -135,6 +136,7 @@ class Joiner:
                 "auto.offset.reset": "earliest",
                 "max.partition.fetch.bytes": kafka.max_message_bytes,
                 "fetch.max.bytes": max(kafka.max_message_bytes, 50 << 20),
+                **quiet_logs(),
             }
         )
         self.producer = Producer(
@@ -147,6 +149,7 @@ class Joiner:
                 "compression.type": "lz4",
                 "message.max.bytes": kafka.max_message_bytes,
                 "transaction.timeout.ms": 60_000,
+                **quiet_logs(),
             }
         )
         self.partitions = self._my_partitions(worker, workers)
@@ -470,6 +473,7 @@ class Joiner:
                 if offsets:
                     self.producer.send_offsets_to_transaction(offsets, self.consumer.consumer_group_metadata(), 60)
                 self.producer.commit_transaction(120)
+                broker_back()
                 break
             except KafkaException as exc:
                 error = exc.args[0]

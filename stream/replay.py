@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from stream.bundle import encode_table, event_table
 from stream.errors import StreamError
+from stream.kafka_log import broker_back, quiet_logs
 from stream.logs import read_log
 from stream.outputs import dead_letter, record_size
 from stream.schema import Schema
@@ -157,6 +158,7 @@ def producer_config(kafka: KafkaSettings) -> dict[str, object]:
         "queue.buffering.max.kbytes": 1 << 20,
         "delivery.report.only.error": True,
         "message.timeout.ms": DELIVERY_TIMEOUT_MS,
+        **quiet_logs(),
     }
 
 
@@ -171,6 +173,7 @@ class KafkaWriter:
         config["on_delivery"] = self._on_error
         self._producer = Producer(config)
         self._since_poll = 0
+        self._queued = 0  # records in the producer's queue at the last poll
 
     def _on_error(self, err: object, msg: object) -> None:  # only errors are reported (see config)
         if err is not None:
@@ -203,6 +206,10 @@ class KafkaWriter:
         if self._since_poll >= 1000:
             self._producer.poll(0)
             self._since_poll = 0
+            queued = len(self._producer)
+            if queued < self._queued:  # records went out: the broker answers
+                broker_back()
+            self._queued = queued
 
     def flush(self, timeout_s: float = DELIVERY_TIMEOUT_MS / 1000 + 30) -> None:
         """Wait until every record is delivered: as long as the producer itself keeps retrying (a

@@ -166,3 +166,28 @@ def test_final_labels_at_idle_score_up_to_the_newest_time_read():
     assert len(probs) == 62 and probs[0] == 0.1 and len(held) == 0 and held.clock == 61_000
     held.add(("late",), np.zeros(1), np.array([0.7]), now_ms=2000, partitions=[1])
     assert held.clock == 61_000  # never back
+
+
+def test_a_copy_read_before_its_negative_still_scores_its_impression_as_clicked():
+    """Copies and negatives may come through different partitions, read in another order: the copy
+    waits for its negative, which is then scored once, clicked, with the copy's prediction (the
+    negative's own came after the model learned the copy). A copy whose negative never follows
+    within the wait is dropped, unscored; the result does not depend on which came first."""
+    from trainer.delayed import FinalLabels
+
+    def final(order: list[tuple[str, float, float]]) -> list[tuple[float, float]]:
+        held = FinalLabels(wait_ms=1000)
+        for t, (event_id, label, prob) in enumerate(order):
+            held.add((event_id,), np.array([label]), np.array([prob]), now_ms=t)
+        labels, probs = held.add((), np.zeros(0), np.zeros(0), now_ms=5000)
+        return list(zip(labels.tolist(), probs.tolist(), strict=True))
+
+    copy_first = final([("a", 1.0, 0.4), ("a", 0.0, 0.9), ("b", 0.0, 0.2)])
+    assert copy_first == [(1.0, 0.4), (0.0, 0.2)]  # a: clicked, the copy's prediction; b: unclicked
+    negative_first = final([("a", 0.0, 0.4), ("a", 1.0, 0.9), ("b", 0.0, 0.2)])
+    assert negative_first == copy_first
+    held = FinalLabels(wait_ms=100)
+    held.add(("lonely",), np.array([1.0]), np.array([0.5]), now_ms=0)  # its negative was scored before
+    held.add(("c",), np.array([0.0]), np.array([0.1]), now_ms=500)
+    held.add(("lonely",), np.array([0.0]), np.array([0.3]), now_ms=500)  # a new impression with an old id
+    assert held.add((), np.zeros(0), np.zeros(0), now_ms=700)[0].tolist() == [0.0, 0.0]  # the copy expired

@@ -61,8 +61,13 @@ class FinalLabels:
     Event time here is a watermark over the batches topic's partitions: the oldest of each
     partition's newest `now_ms` (`partitions`: the ones the batch came from), never going back. A
     replica reads its partitions unevenly: a clock run by the fastest one would score impressions
-    before their copies in a slower partition were read, as unclicked. A copy
-    whose impression is not held (scored already, or seen by another replica) changes nothing. At
+    before their copies in a slower partition were read, as unclicked. A copy read before its
+    impression's negative (they came through different partitions of the events or batches topics,
+    read in another order) is kept for `wait_ms`: the negative that follows is then held as clicked,
+    with the copy's prediction (made before the model learned either of the two; the negative's own
+    came after the model had learned the copy). A copy whose impression is not held and whose
+    negative does not follow within `wait_ms` (scored already, or seen by another replica) changes
+    nothing. At
     most `max_held` impressions are held; past that the oldest are scored early (a metric of a
     little less delay, never lost memory). `idle()`, when the replica has read all there is, lets
     the clock go to the newest time read (no partition holds it back then: a stream's end would
@@ -73,6 +78,7 @@ class FinalLabels:
     def __init__(self, wait_ms: int, max_held: int = 2_000_000) -> None:
         self.wait_ms, self.max_held = wait_ms, max_held
         self._held: dict[str, list] = {}  # event id -> [prob, first seen ms, clicked]; insertion order = time order
+        self._early: dict[str, list] = {}  # event id -> [prob, seen ms] of a copy read before its negative
         self.clock = -(1 << 62)  # event time (ms): the oldest partition's newest, never going back
         self._newest: dict[int, int] = {}  # batches-topic partition -> newest event time read from it
 
@@ -92,9 +98,13 @@ class FinalLabels:
         now_ms = self.clock
         for event_id, label, prob in zip(event_ids, labels.tolist(), probs.tolist(), strict=True):
             if label < 0.5:
-                held.setdefault(event_id, [prob, now_ms, 0])
+                if event_id not in held:
+                    early = self._early.pop(event_id, None) if self._early else None
+                    held[event_id] = [prob, now_ms, 0] if early is None else [early[0], now_ms, 1]
             elif event_id in held:
                 held[event_id][2] = 1
+            else:
+                self._early.setdefault(event_id, [prob, now_ms])
         return self._release()
 
     def idle(self) -> tuple[np.ndarray, np.ndarray]:
@@ -106,7 +116,12 @@ class FinalLabels:
 
     def _release(self) -> tuple[np.ndarray, np.ndarray]:
         """Score the held impressions whose wait is over at the clock, oldest first."""
-        held, now_ms = self._held, self.clock
+        held, now_ms, early = self._held, self.clock, self._early
+        while early:  # copies whose negative did not follow in time: scored already, or another replica's
+            event_id, (_, seen) = next(iter(early.items()))
+            if now_ms - seen <= self.wait_ms and len(early) <= self.max_held:
+                break
+            del early[event_id]
         done_labels, done_probs = [], []
         while held:
             event_id, (prob, seen, clicked) = next(iter(held.items()))

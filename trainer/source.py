@@ -18,6 +18,7 @@ from pathlib import Path
 
 from stream.batch_codec import decode_batch
 from stream.errors import StreamError
+from stream.kafka_log import broker_back, quiet_logs
 from stream.records import FeatureBatch
 from stream.retry import retrying
 from stream.settings import KafkaSettings
@@ -80,6 +81,7 @@ class BatchSource:
                 "auto.offset.reset": "earliest",
                 "fetch.max.bytes": max(kafka.max_message_bytes, 52428800),
                 "max.partition.fetch.bytes": kafka.max_message_bytes,
+                **quiet_logs(),
             }
         )
         topic = kafka.batches_topic
@@ -159,6 +161,7 @@ class BatchSource:
             self._read(messages)
             if messages:
                 last_data = time.monotonic()
+                broker_back()
             idle = time.monotonic() - last_data >= idle_s
             while (taken := self._take(in_step=not idle)) is not None:
                 (partition, offset), part = taken

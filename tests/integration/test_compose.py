@@ -131,7 +131,9 @@ def test_compose_stack_replays_trains_serves_and_resumes(stack_env, tmp_path):
     compose(env_file, "stop", "trainer")
     events = [{k: v for k, v in criteo_event(i).items() if k != "label"} for i in range(20)]
     port = free_port()
-    config = build_config({"mlflow": {"tracking_uri": MLFLOW}, "serving": {"port": port}})
+    # a download cache of its own (the product keys its cache by run and source too: test_serving_registry.py)
+    serving = {"port": port, "cache_dir": str(tmp_path / "serving-cache")}
+    config = build_config({"mlflow": {"tracking_uri": MLFLOW}, "serving": serving})
     server, log = start_cli(config, tmp_path, "serve")
     try:
         host = f"http://127.0.0.1:{port}"

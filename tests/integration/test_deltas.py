@@ -125,7 +125,9 @@ def test_a_delta_whose_download_fails_is_tried_again_and_only_then_sticks(isolat
     from serving.follow import DELTA_DOWNLOAD_TRIES
 
     schema, trainer, publisher, fetch, served = served_base(isolated, tmp_path, "delta-retries")
-    blocker = Path(isolated.serving.cache_dir) / isolated.mlflow.model_name / served.version / "deltas"
+    assert served.folder is not None
+    assert served.folder.parent == Path(isolated.serving.cache_dir) / isolated.mlflow.model_name
+    blocker = served.folder / "deltas"
 
     for sequence in (1, 2):
         learn_more(trainer, schema, 100 * sequence, 1)

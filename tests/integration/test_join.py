@@ -1,7 +1,9 @@
 """The joiner on the real broker: impressions and delayed clicks replayed as `replay --clicks` sends
-them, joined by `adstream join` SIGKILLed 5 times at random points and restarted, and the labelled
-events compared one by one with the truth the generator knows: none lost, none twice, every label
-right; bad impressions and clicks in the DLQ with their reasons."""
+them (some on another partition than their id's, as another partitioner puts them), joined by
+`adstream join` SIGKILLed 5 times at random points and restarted, and the labelled events compared
+one by one with the truth the generator knows: none lost, none twice, every label right; bad
+impressions and clicks in the DLQ with their reasons. And a bounded log drained by `--until-idle`
+with clicks from confluent-kafka's default partitioner: every window closed, the lag 0."""
 
 from __future__ import annotations
 
@@ -55,6 +57,15 @@ def _consume(bootstrap: str, topic: str, group: str, done, timeout_s: float) -> 
     return out
 
 
+def _misrouted(records):
+    """Every third click record and every fifth impression record on the other partition of two, as a
+    producer with another partitioner would put them: the joiner moves them to their own."""
+    for n, record in enumerate(records):
+        if record.partition is not None and n % (3 if record.topic.endswith("clicks") else 5) == 0:
+            record = record._replace(partition=1 - record.partition)
+        yield record
+
+
 @pytest.mark.parametrize(
     "policy,bundle,fmt",
     [("window", 1, "json"), ("fake_negative", 1, "json"), ("window", 40, "arrow"), ("fake_negative", 40, "arrow")],
@@ -94,7 +105,9 @@ def test_the_joiner_through_five_sigkills_emits_every_impression_once_with_its_t
     ]
     tail = split_clicks(event_table(list(sentinels.values()), schema), schema, np.random.default_rng(0))
     records = [
-        *interleave([split], schema, kafka.impressions_topic, kafka.clicks_topic, 2, bundle=bundle, fmt=fmt),
+        *_misrouted(
+            interleave([split], schema, kafka.impressions_topic, kafka.clicks_topic, 2, bundle=bundle, fmt=fmt)
+        ),
         *bad,
         *interleave(
             [replace(tail, click_ids=[], click_ts=np.zeros(0, np.int64))],
@@ -202,3 +215,74 @@ def test_with_no_click_at_all_every_window_closes_as_a_negative(isolated, tmp_pa
         proc.wait()
     assert sorted(e["event_id"] for e in out) == sorted(closed), log.read_text()[-2000:]
     assert {e["label"] for e in out} == {0}
+
+
+@pytest.mark.parametrize("policy,bundle,fmt", [("window", 1, "json"), ("fake_negative", 20, "arrow")])
+def test_a_bounded_log_from_another_partitioner_drains_with_true_labels_and_lag_0(
+    isolated, tmp_path, schema, policy, bundle, fmt
+):
+    """Clicks produced as a Python user first writes them (confluent-kafka's default partitioner,
+    CRC32, keyed by impression id), impressions by murmur2: `adstream join --until-idle` moves each
+    click to its impression's partition, closes every window once the log is read, and exits;
+    the group's lag is then 0 (transaction markers are not records), every label is the truth, and
+    a positive copy shares its negative's partition, after it."""
+    from confluent_kafka import Producer
+
+    from adstream.running import consumer_lags
+
+    join = JoinSettings(
+        policy=policy,
+        window_s=WINDOW_S,
+        allowed_lateness_s=LATENESS_S,
+        state_dir=str(tmp_path / "join"),
+        app_id=f"{isolated.stream.app_id}-joiner",
+    )
+    config = replace(isolated, stream=replace(isolated.stream, join=join))
+    kafka = config.kafka
+    ensure_topics(kafka)
+    events, _ = SyntheticCriteo(schema, SyntheticConfig(seed=23)).generate(1500)
+    split = split_clicks(event_table(events, schema), schema, np.random.default_rng(8), event_rate=RATE)
+    imp_ts = dict(zip([str(e["event_id"]) for e in events], split.impressions.column("ts").to_pylist(), strict=True))
+    in_window = {k for k, t in zip(split.click_ids, split.click_ts.tolist(), strict=True) if t - imp_ts[k] <= 60_000}
+    records = list(interleave([split], schema, kafka.impressions_topic, kafka.clicks_topic, 2, bundle, fmt))
+    producer = Producer({"bootstrap.servers": kafka.bootstrap})  # the default partitioner
+    clicks_moved = 0
+    for r in records:
+        if r.topic == kafka.clicks_topic:
+            producer.produce(r.topic, r.value, r.key)
+            clicks_moved += crc_partition(r.key) != r.partition
+        else:
+            producer.produce(r.topic, r.value, r.key, r.partition)
+    assert producer.flush(30) == 0
+    assert clicks_moved > len(split.click_ids) // 4  # the default partitioner puts many elsewhere
+
+    proc, log = start_cli(config, tmp_path, "join", "--until-idle", "3")
+    try:
+        assert proc.wait(180) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "moved there, exactly once" in log.read_text()
+    out = _consume(kafka.bootstrap, kafka.events_topic, "check", lambda r: False, 8)
+    emitted = [(m.partition(), (m.offset(), i), e) for m in out for i, e in enumerate(read_events(m.value()))]
+    first = collections.Counter(e["event_id"] for _, _, e in emitted if e["label"] == 0 or policy == "window")
+    positives = {e["event_id"] for _, _, e in emitted if e["label"] == 1}
+    assert set(first) == set(imp_ts) and max(first.values()) == 1, "every impression once, the tail's too"
+    if policy == "window":
+        assert positives == in_window, "a positive iff clicked within the window"
+    else:
+        assert in_window <= positives <= set(split.click_ids)
+        negative = {e["event_id"]: (p, o) for p, o, e in emitted if e["label"] == 0}
+        copies = [(p, o, negative[e["event_id"]]) for p, o, e in emitted if e["label"] == 1]
+        assert all(p == q and o > at for p, o, (q, at) in copies), "a copy beside its negative, after it"
+    letters = _consume(kafka.bootstrap, kafka.dlq_topic, "check-dlq", lambda r: False, 3)
+    assert not letters, [dict(m.headers())["reason"] for m in letters][:3]
+    lags = consumer_lags(kafka.bootstrap, {join.app_id: [kafka.impressions_topic, kafka.clicks_topic]})
+    assert lags[join.app_id]["lag"] == {kafka.impressions_topic: 0, kafka.clicks_topic: 0}
+
+
+def crc_partition(key: bytes, partitions: int = 2) -> int:
+    """librdkafka's default partitioner for a keyed record: CRC32 of the key."""
+    import zlib
+
+    return zlib.crc32(key) % partitions
