@@ -215,3 +215,18 @@ def test_counts_add_up_field_by_field():
     names = [f.name for f in dataclasses.fields(Counts)]
     one = Counts(**{name: i + 1 for i, name in enumerate(names)})
     assert vars(one + one) == {name: 2 * (i + 1) for i, name in enumerate(names)}
+
+
+def test_a_click_read_past_the_joins_memory_of_its_time_is_forgotten_not_an_orphan():
+    """By event time only: a click read when event time is more than window + allowance past it (every
+    window it could count in closed, its impression forgotten or about to be) is a forgotten click,
+    with its own reason and counter; the same click read in time labels its impression."""
+    in_time = join_all([imp("a", 0), click("a", 900), imp("z", 5000)], cfg("window"))
+    assert [(e.impression_id, e.label) for e in in_time.emitted] == [("a", 1)]
+    # read late: event time (5000 - L) is past the click (900) by more than W + L; a was forgotten
+    late = join_all([imp("a", 0), imp("z", 5000), click("a", 900), imp("y", 9000)], cfg("window"))
+    assert late.counts.forgotten_clicks == 1 and late.counts.orphan_clicks == 0
+    assert [d.click.impression_id for d in late.dead] == ["a"] and late.dead[0].reason.startswith("ts: a late click")
+    # a click behind event time by less than that, with no impression, is still held as an orphan
+    held = join_all([imp("z", 2000), click("ghost", 1000), imp("y", 9000)], cfg("window"))
+    assert held.counts.orphan_clicks == 1 and held.counts.forgotten_clicks == 0

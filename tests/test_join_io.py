@@ -189,3 +189,23 @@ def test_a_one_click_record_reads_as_the_same_click_inside_json_lines():
         twice_good, twice_bad = read_clicks(RawRecord(0, 1, value + b"\n" + value), fields)
         assert twice_good == alone_good * 2, value
         assert [b.reason for b in twice_bad] == [b.reason for b in alone_bad] * 2, value
+
+
+def test_replay_clicks_cuts_bundles_that_would_span_more_than_the_lateness_allowance(schema):
+    """A bundle's newest impression moves the joiner's watermark; clicks are sent between bundles, so
+    a bundle spanning more event time than the allowance would let a window close before its click
+    came. With max_span_ms no bundle spans more, and a click follows every impression of its time."""
+    events = [{**criteo_event(i, label=i % 4 == 0), "label": int(i % 4 == 0)} for i in range(600)]
+    split = split_clicks(event_table(events, schema), schema, np.random.default_rng(1), ClickDelays(), 20.0, 0)
+    for span in (None, 5_000):
+        records = list(interleave([split], schema, "imp", "clk", 2, bundle=100, fmt="arrow", max_span_ms=span))
+        spans = []
+        for record in records:
+            if record.topic == "imp":
+                ts = pa.ipc.open_stream(record.value).read_all().column("ts").to_pylist()
+                spans.append(max(ts) - min(ts))
+        assert sum(r.events for r in records if r.topic == "imp") == 600
+        if span is None:
+            assert max(spans) > 5_000  # 100 rows of one partition at 20/s: ~10 s of event time
+        else:
+            assert max(spans) <= span
