@@ -29,7 +29,7 @@ from __future__ import annotations
 import struct
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import orjson
@@ -83,6 +83,9 @@ class Progress:
     clicks_offset: int = -1  # next offset to read on the clicks partition
     newest_ts: int | None = None  # newest impression time seen (the watermark is this minus the lateness)
     chunk: int = 0  # chunks committed so far
+    # records moved here from another partition, not yet read back: (input, oldest time, offset by
+    # which they are read; -1: not known when written, the input's end at the next start)
+    holds: tuple[tuple[str, int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,7 @@ class PartitionState:
         self._read: dict[str, bytes | None] = {}  # entries read ahead (`preload`) for this chunk
         raw = self.db.get(PROGRESS)
         self.progress = Progress(**orjson.loads(raw)) if raw is not None else Progress()
+        self.progress = replace(self.progress, holds=tuple(tuple(h) for h in self.progress.holds))  # type: ignore[misc]
         # the stored bundles' newest row times by offset, oldest first (keys only: no bundle is read)
         self._bundles: dict[int, int] = {}
         for key in self.db.keys(from_key=BUNDLE):

@@ -197,6 +197,7 @@ class Joiner:
             cursor = Cursor(self.rules, state.get, state.stage, timers, progress.newest_ts, state.preload)
             cursor.clicks_frontier = NEVER  # no click read yet: no window closes until they are
             part = _Partition(p, state, cursor, progress.impressions_offset, progress.clicks_offset)
+            part.holds = {which: (ts, until) for which, ts, until in progress.holds}
             self.parts[p] = part
             behind = (_offset(committed.get((imp, p))), _offset(committed.get((clk, p)))) != (
                 progress.impressions_offset,
@@ -210,6 +211,7 @@ class Joiner:
                 assignment.append(TopicPartition(topic, p, offset if offset >= 0 else OFFSET_BEGINNING))
         if any(part.touched for part in self.parts.values()):
             self._send()
+        self._note_moved()  # holds a crash left unresolved: until the inputs' ends now
         self.consumer.assign(assignment)
 
     def step(self, timeout_s: float | None = None) -> int:
@@ -327,17 +329,21 @@ class Joiner:
     def _move_frontiers(self) -> None:
         """Let each partition's watermark pass the clicks read so far, of every clicks partition of
         this worker (a click for p may first arrive on q and be moved), or go free once every click is
-        read (each partition's high offset, as of the last fetch, reached); never past a moved record
-        not read back yet. Then run the timers it passed."""
-        frontier: int | None = None
+        read (each partition's high offset, as of the last fetch, reached); likewise never past the
+        newest impression of an impressions partition not read to its end (an impression for p may
+        first arrive on q), nor past a moved record not read back yet. Then run the timers it passed."""
+        clicks: int | None = None
+        impressions: int | None = None
         for p, part in self.parts.items():
             if not self._caught_up(self.kafka.clicks_topic, p, part.clicks_offset):
-                frontier = part.newest_click if frontier is None else min(frontier, part.newest_click)
+                clicks = _lowest(clicks, part.newest_click)
+            if not self._caught_up(self.kafka.impressions_topic, p, part.impressions_offset):
+                impressions = _lowest(impressions, NEVER if part.cursor.newest is None else part.cursor.newest)
         for part in self.parts.values():
             self._release_holds(part)
-            clicks_held = part.holds.get("clicks", (None,))[0]
-            part.clicks_frontier = _lowest(frontier, clicks_held)
-            part.cursor.clicks_frontier = _lowest(part.clicks_frontier, part.holds.get("impressions", (None,))[0])
+            part.clicks_frontier = _lowest(clicks, part.holds.get("clicks", (None,))[0])
+            held = _lowest(impressions, part.holds.get("impressions", (None,))[0])
+            part.cursor.clicks_frontier = _lowest(part.clicks_frontier, held)
             if part.cursor.fire(part.cursor.watermark):
                 part.touched = True  # its state changed: commit it with this chunk
 
@@ -432,8 +438,9 @@ class Joiner:
         positives = sum(e.label for e in emitted)
         EMITTED.labels("1").inc(positives)
         EMITTED.labels("0").inc(len(emitted) - positives)
+        holds = tuple((which, ts, until) for which, (ts, until) in part.holds.items())
         progress = Progress(
-            part.impressions_offset, part.clicks_offset, part.cursor.newest, part.state.progress.chunk + 1
+            part.impressions_offset, part.clicks_offset, part.cursor.newest, part.state.progress.chunk + 1, holds
         )
         # no emission needs the rows of a bundle this much older than the watermark
         if bundles_before is None:
