@@ -256,7 +256,7 @@ class Joiner:
             if bad:
                 part.outputs += [self._letter(topic, r) for r in bad]
                 REJECTED.inc(len(bad))
-        self._move_frontiers()
+        self._move_frontiers(settled=True)
         for p, part in self.parts.items():
             if part.touched:
                 self._close_chunk(p, part)
@@ -326,7 +326,7 @@ class Joiner:
             target.holds[which] = (min(oldest, held[0]) if held else oldest, -1)  # its offset: once committed
             target.touched = True
 
-    def _move_frontiers(self) -> None:
+    def _move_frontiers(self, settled: bool = False) -> None:
         """Let each partition's watermark pass the clicks read so far, of every clicks partition of
         this worker (a click for p may first arrive on q and be moved), or go free once every click is
         read (each partition's high offset, as of the last fetch, reached); likewise never past the
@@ -335,9 +335,9 @@ class Joiner:
         clicks: int | None = None
         impressions: int | None = None
         for p, part in self.parts.items():
-            if not self._caught_up(self.kafka.clicks_topic, p, part.clicks_offset):
+            if not self._caught_up(self.kafka.clicks_topic, p, part.clicks_offset, settled):
                 clicks = _lowest(clicks, part.newest_click)
-            if not self._caught_up(self.kafka.impressions_topic, p, part.impressions_offset):
+            if not self._caught_up(self.kafka.impressions_topic, p, part.impressions_offset, settled):
                 impressions = _lowest(impressions, NEVER if part.cursor.newest is None else part.cursor.newest)
         for part in self.parts.values():
             self._release_holds(part)
@@ -370,15 +370,22 @@ class Joiner:
         )
         self._pause(p, part, "impressions", ahead, part.impressions_offset)
 
-    def _caught_up(self, topic: str, p: int, offset: int) -> bool:
+    def _caught_up(self, topic: str, p: int, offset: int, settled: bool = False) -> bool:
         """Whether the partition's next offset to read (-1: none read yet) reached its end, as of the
-        last fetch (an empty partition is caught up from the start)."""
+        last fetch (an empty partition is caught up from the start). `settled`: every record the
+        consumer returned is processed, so its position counts too: a partition written in
+        transactions (records moved there) ends with a commit marker no record stands for, which
+        the position passes and our next offset never reaches."""
         from confluent_kafka import TopicPartition
 
-        low, high = self.consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)
+        tp = TopicPartition(topic, p)
+        low, high = self.consumer.get_watermark_offsets(tp, cached=True)
         if high is None or high < 0:
             return False  # not fetched yet
-        return (offset if offset >= 0 else max(low or 0, 0)) >= high
+        at = offset if offset >= 0 else max(low or 0, 0)
+        if at < high and settled and at >= high - 16:  # (a few markers at most: don't ask otherwise)
+            at = max(at, self.consumer.position([tp])[0].offset)
+        return at >= high
 
     def _pause(self, p: int, part: _Partition, which: str, pause: bool, offset: int) -> None:
         from confluent_kafka import TopicPartition
@@ -407,8 +414,10 @@ class Joiner:
                 (self.kafka.impressions_topic, part.impressions_offset),
                 (self.kafka.clicks_topic, part.clicks_offset),
             ):
-                low, high = self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30, cached=False)
-                if (offset if offset >= 0 else low) < high - 1:  # (the last record may be a commit marker)
+                tp = TopicPartition(topic, p)
+                low, high = self.consumer.get_watermark_offsets(tp, timeout=30, cached=False)
+                # (the position passes the commit markers of records moved there, which no record stands for)
+                if max(offset if offset >= 0 else low, self.consumer.position([tp])[0].offset) < high:
                     return False
         return True
 
