@@ -48,18 +48,19 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 from prometheus_client import Counter, Gauge
 
 from stream.bundle import encode_table
 from stream.join import Click, Cursor, Emission, Impression, JoinRules, RowRef, payload_kept_ms
-from stream.join_input import ClickFields, click_record, read_clicks, read_impressions
+from stream.join_input import ClickFields, click_record, one_impression, read_clicks, read_impressions
 from stream.join_output import event_records
 from stream.join_state import PartitionState, PendingOutput, Progress
 from stream.kafka_log import broker_back, quiet_logs
 from stream.outputs import RECORD_OVERHEAD, dead_letter
-from stream.partitioner import partition_of
+from stream.partitioner import murmur2_partitions
 from stream.prometheus import serve_metrics
 from stream.records import RawRecord, Rejected
 from stream.retry import is_transient
@@ -115,6 +116,19 @@ class _Partition:
     # the input partitions paused because they ran ahead of the other in event time (Joiner._align)
     paused: dict[str, bool] = field(default_factory=lambda: {"impressions": False})
     outputs: list[PendingOutput] = field(default_factory=list)
+
+
+class _Read(NamedTuple):
+    """One input record as read: its impressions or clicks, its bad lines, an Arrow bundle's table."""
+
+    partition: int
+    offset: int
+    value: bytes
+    topic: str
+    impressions: bool  # an impressions record (else clicks)
+    items: list  # Impression or Click, in order
+    bad: list[Rejected]
+    bundle: pa.Table | None = None
 
 
 class Joiner:
@@ -226,36 +240,43 @@ class Joiner:
             return 0
         imp = self.kafka.impressions_topic
         messages.sort(key=lambda m: m.topic() == imp)  # a chunk's clicks first: fewer wait as early clicks
+        reads = [self._read(m, imp) for m in messages]
+        ids = [item.impression_id.encode() for read in reads for item in read.items]
+        homes = murmur2_partitions(ids, self.input_partitions).tolist()  # each id's own partition
         clicked = False  # clicks read or records moved: the frontiers move before the next impressions
-        for message in messages:
-            p, offset, topic = int(message.partition() or 0), int(message.offset() or 0), str(message.topic())
-            if topic == imp and clicked:
-                self._move_frontiers()
-                clicked = False
-            part = self.parts[p]
+        run: list[Impression] = []  # consecutive impressions of one partition, joined together
+        run_part: _Partition | None = None
+        at = 0
+        for read in reads:
+            part = self.parts[read.partition]
             part.touched = True
-            record = RawRecord(p, offset, message.value() or b"")
-            if topic == imp:
-                impressions, bad, bundle = read_impressions(record, self.schema)
-                IMPRESSIONS.inc(len(impressions))
-                impressions = self._keep_impressions(record, impressions, bundle)
-                if bundle is not None and impressions:  # stored once; its impressions point at their rows
-                    part.state.put_bundle(offset, max(i.ts for i in impressions), record.value, bundle)
-                if len(impressions) > 1:
-                    part.state.preload([i.impression_id for i in impressions])
-                part.cursor.impressions(impressions)
-                part.impressions_offset = offset + 1
-            else:
-                clicks, bad = read_clicks(record, self.fields)
-                CLICKS.inc(len(clicks))
-                for click in self._keep_clicks(record, clicks):
-                    part.cursor.click(click)
+            items = read.items
+            here = homes[at : at + len(items)]
+            at += len(items)
+            if any(home != read.partition for home in here):
+                items = self._keep(read, here)
+            if not read.impressions:
+                CLICKS.inc(len(read.items))
+                for click in items:
+                    part.cursor.click(click)  # type: ignore[arg-type]
                     part.newest_click = max(part.newest_click, click.ts)
-                part.clicks_offset = offset + 1
+                part.clicks_offset = read.offset + 1
                 clicked = True
-            if bad:
-                part.outputs += [self._letter(topic, r) for r in bad]
-                REJECTED.inc(len(bad))
+            else:
+                if clicked:
+                    self._move_frontiers()
+                    clicked = False
+                if run_part is not part or read.bundle is not None:
+                    self._join_run(run_part, run)
+                    run, run_part = [], part
+                if read.bundle is not None and items:  # stored once; its impressions point at their rows
+                    part.state.put_bundle(read.offset, max(i.ts for i in items), read.value, read.bundle)
+                run += items  # type: ignore[arg-type]
+                part.impressions_offset = read.offset + 1
+            if read.bad:
+                part.outputs += [self._letter(str(read.topic), r) for r in read.bad]
+                REJECTED.inc(len(read.bad))
+        self._join_run(run_part, run)
         self._move_frontiers(settled=True)
         for p, part in self.parts.items():
             if part.touched:
@@ -263,50 +284,58 @@ class Joiner:
         self._send()
         return len(messages)
 
-    def _keep_impressions(self, record: RawRecord, impressions: list[Impression], bundle: object) -> list[Impression]:
-        """The impressions of this partition; the others are moved to theirs (`_move`): a JSON
-        impression as its JSON line, an Arrow bundle's as rows of an Arrow bundle."""
-        n, p = self.input_partitions, record.partition
-        if all(partition_of(i.impression_id, n) == p for i in impressions):
-            return impressions
-        kept: list[Impression] = []
-        away: defaultdict[int, list[Impression]] = defaultdict(list)
-        for i in impressions:
-            q = partition_of(i.impression_id, n)
-            (kept if q == p else away[q]).append(i)
-        for q, moved in away.items():
-            if isinstance(moved[0].payload, RowRef):
-                rows = pa.array([i.payload.row for i in moved], pa.int64())  # type: ignore[union-attr]
-                value = encode_table(bundle.take(rows))  # type: ignore[attr-defined]
-            else:
-                value = b"\n".join(i.payload for i in moved)  # type: ignore[misc]
-            self._move(self.kafka.impressions_topic, record, q, moved[0].impression_id, value, moved)
-        return kept
+    def _read(self, message: Any, impressions_topic: str) -> _Read:
+        """One record -> its impressions or clicks, its bad lines and (Arrow) its bundle; the usual
+        single JSON impression the short way."""
+        topic, p, offset = message.topic(), message.partition(), message.offset()
+        value = message.value() or b""
+        if topic == impressions_topic:
+            one = one_impression(value, self.schema)
+            if one is not None:
+                return _Read(p, offset, value, topic, True, [one], [])
+            items, bad, bundle = read_impressions(RawRecord(p, offset, value), self.schema)
+            return _Read(p, offset, value, topic, True, items, bad, bundle)  # type: ignore[arg-type]
+        clicks, bad = read_clicks(RawRecord(p, offset, value), self.fields)
+        return _Read(p, offset, value, topic, False, clicks, bad)  # type: ignore[arg-type]
 
-    def _keep_clicks(self, record: RawRecord, clicks: list[Click]) -> list[Click]:
-        """The clicks of this partition; the others are moved to theirs (`_move`)."""
-        n, p = self.input_partitions, record.partition
-        if all(partition_of(c.impression_id, n) == p for c in clicks):
-            return clicks
-        kept: list[Click] = []
-        away: defaultdict[int, list[Click]] = defaultdict(list)
-        for c in clicks:
-            q = partition_of(c.impression_id, n)
-            (kept if q == p else away[q]).append(c)
+    def _join_run(self, part: _Partition | None, impressions: list[Impression]) -> None:
+        """Consecutive impressions of one partition into its cursor, their entries read together."""
+        if part is None or not impressions:
+            return
+        IMPRESSIONS.inc(len(impressions))
+        if len(impressions) > 1:
+            part.state.preload([i.impression_id for i in impressions])
+        part.cursor.impressions(impressions)
+
+    def _keep(self, read: _Read, homes: list[int]) -> list[Impression | Click]:
+        """The impressions or clicks of this partition; the others are moved to theirs (`_move`): a
+        JSON impression as its JSON line, an Arrow bundle's as rows of an Arrow bundle, a click as a
+        click record."""
+        kept: list[Impression | Click] = []
+        away: defaultdict[int, list[Impression | Click]] = defaultdict(list)
+        for item, home in zip(read.items, homes, strict=True):
+            (kept if home == read.partition else away[home]).append(item)
         id_field, time_field = self.fields.impression_id, self.fields.time
         for q, moved in away.items():
-            value = b"\n".join(click_record(c.impression_id, c.ts, id_field, time_field) for c in moved)
-            self._move(self.kafka.clicks_topic, record, q, moved[0].impression_id, value, moved)
+            if not read.impressions:
+                value = b"\n".join(click_record(c.impression_id, c.ts, id_field, time_field) for c in moved)
+            elif isinstance(moved[0].payload, RowRef):  # type: ignore[union-attr]
+                rows = pa.array([i.payload.row for i in moved], pa.int64())  # type: ignore[union-attr]
+                value = encode_table(read.bundle.take(rows))  # type: ignore[union-attr]
+            else:
+                value = b"\n".join(i.payload for i in moved)  # type: ignore[union-attr,misc]
+            self._move(read, q, moved[0].impression_id, value, moved)
         return kept
 
-    def _move(self, topic: str, record: RawRecord, to: int, key: str, value: bytes, moved: list) -> None:
+    def _move(self, read: _Read, to: int, key: str, value: bytes, moved: list) -> None:
         """Send records that arrived on the wrong partition to `to`, in this chunk's transaction (so
         exactly once: with the offset that read them); hold `to`'s watermark until it reads them
         back, where `to` is this worker's."""
+        topic = read.topic
         which = "impressions" if topic == self.kafka.impressions_topic else "clicks"
-        source = f"{topic}:{record.partition}:{record.offset}".encode()
+        source = f"{topic}:{read.partition}:{read.offset}".encode()
         output = PendingOutput(topic, key.encode(), value, ((REROUTED_FROM, source),), to)
-        self.parts[record.partition].outputs.append(output)
+        self.parts[read.partition].outputs.append(output)
         REROUTED.labels(which).inc(len(moved))
         if not self._warned_moves:
             self._warned_moves = True
@@ -316,7 +345,7 @@ class Joiner:
                 "Java's default partitioner to save the hop",
                 which,
                 to,
-                record.partition,
+                read.partition,
                 topic,
             )
         target = self.parts.get(to)

