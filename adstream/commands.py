@@ -85,12 +85,18 @@ def cmd_status(args: argparse.Namespace) -> None:
     """The stack's services, the adstream processes running on it, each consumer group's lag, the
     dead letters by reason and the served model (exit 1 if Kafka or MLflow is down)."""
     from adstream import stack
+    from adstream.processes import tree_memory
     from adstream.running import running
 
     config = _config(args)
     report = stack.status(config.stack)
     for name, item in report.items():
-        print(f"{name:7s} {'up  ' if item['up'] else 'down'} {item['address']}  pid {item['pid']}  log {item['log']}")
+        memory = ""
+        if item["pid"]:
+            count, rss = tree_memory(int(item["pid"]))  # type: ignore[call-overload]
+            memory = f"  {count} process{'es' if count > 1 else ''}, {rss / 2**20:,.0f} MB resident"
+        line = f"{name:7s} {'up  ' if item['up'] else 'down'} {item['address']}  pid {item['pid']}"
+        print(f"{line}{memory}  log {item['log']}")
     processes = running(config.stack.state_dir)
     print(f"processes: {len(processes) if processes else 'none'} announced in {config.stack.state_dir}/running")
     for p in processes:

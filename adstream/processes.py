@@ -55,6 +55,29 @@ def spawn(cmd: list[str], log_file: Path, pid_file: Path, env: dict[str, str] | 
     return proc.pid
 
 
+def tree_memory(pid: int) -> tuple[int, int]:
+    """(processes, resident bytes) of a process and all its descendants, from /proc (Linux)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    count, rss, todo = 0, 0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            status = Path(f"/proc/{current}/status").read_text()
+        except OSError:
+            continue
+        count += 1
+        line = next((x for x in status.splitlines() if x.startswith("VmRSS:")), "VmRSS: 0 kB")
+        rss += int(line.split()[1]) * 1024
+        todo += children.get(current, [])
+    return count, rss
+
+
 def wait_until(check, what: str, timeout_s: float, pid_file: Path, log_file: Path) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
