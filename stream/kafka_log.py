@@ -28,7 +28,6 @@ _DOWN = (
     "Receive failed",
     "Connection reset",
     "Failed to resolve",
-    "Broker: Not coordinator",
 )
 
 
