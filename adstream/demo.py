@@ -148,8 +148,8 @@ def run_demo(
             event_table(train_events, schema), schema, np.random.default_rng(seed), DEMO_DELAYS, DEMO_EVENT_RATE
         )
         records = interleave([split], schema, kafka.impressions_topic, kafka.clicks_topic, kafka.partitions)
-        replayed = replay(records, kafka, total=events + len(split.click_ids))
-        print(f"      {events} impressions, {len(split.click_ids)} clicks, {replayed.events_per_s:,.0f} records/s")
+        replayed = replay(records, kafka, total=events)  # the bar counts impressions; clicks go beside them
+        print(f"      {events} impressions, {replayed.clicks} clicks, {replayed.events_per_s:,.0f} impressions/s")
 
         print("[4/6] training until every joined event is learned, publishing snapshots to MLflow", flush=True)
         # the joiner emits every impression and a positive copy per attributed click (how many
