@@ -150,6 +150,9 @@ class Joiner:
                 "auto.offset.reset": "earliest",
                 "max.partition.fetch.bytes": kafka.max_message_bytes,
                 "fetch.max.bytes": max(kafka.max_message_bytes, 50 << 20),
+                # a fetch the broker holds for want of data waits 50 ms, not 500: single JSON
+                # impressions 32.1k -> 35.0k/s read as a backlog (some partition is always short)
+                "fetch.wait.max.ms": 50,
                 **quiet_logs(),
             }
         )
