@@ -305,10 +305,11 @@ class Cursor:
         self.timers = timers if timers is not None else []  # a heap of (due, id); stale ones are skipped
         heapq.heapify(self.timers)
         self.newest = newest  # newest impression time seen
-        # how far the clicks are known to have come (event time): None when they are all in hand
-        # (a joiner caught up with its clicks partition, or join_all); the watermark never passes it,
-        # so a window does not close while its clicks may still be unread
-        self.clicks_frontier: int | None = None
+        # how far the inputs that may still change this partition's entries are known to have come
+        # (event time: unread clicks, impressions that may first arrive elsewhere): None when all is
+        # in hand (a joiner caught up, or join_all); the watermark never passes it, so a window does
+        # not close while its clicks may still be unread
+        self.frontier: int | None = None
         self.emitted: list[Emission] = []
         self.dead: list[DeadClick] = []
         self.counts = Counts()
@@ -318,7 +319,7 @@ class Cursor:
     def watermark(self) -> int:
         if self.newest is None:
             return -(1 << 62)
-        newest = self.newest if self.clicks_frontier is None else min(self.newest, self.clicks_frontier)
+        newest = self.newest if self.frontier is None else min(self.newest, self.frontier)
         return watermark_of(newest, self.rules)
 
     def impression(self, imp: Impression) -> None:
@@ -331,7 +332,7 @@ class Cursor:
         rules, get, put, timers = self.rules, self.get, self.put, self.timers
         fake = rules.policy == "fake_negative"
         wait = rules.elapsed_ms if rules.policy == "elapsed" else rules.window_ms
-        watermark, frontier, lateness = self.watermark, self.clicks_frontier, rules.allowed_lateness_ms
+        watermark, frontier, lateness = self.watermark, self.frontier, rules.allowed_lateness_ms
         for imp in imps:
             key = imp.impression_id
             before = get(key)

@@ -171,7 +171,6 @@ class Joiner:
         )
         self.partitions = self._my_partitions(worker, workers)
         self.parts: dict[int, _Partition] = {}
-        self.ended = False  # every window closed by end_of_input: a bounded log is done
         self._warned_moves = False
 
     def _my_partitions(self, worker: int, workers: int) -> list[int]:
@@ -212,7 +211,7 @@ class Joiner:
             progress = state.progress
             timers = [(entry.due, key) for key, entry in state.entries()]
             cursor = Cursor(self.rules, state.get, state.stage, timers, progress.newest_ts, state.preload)
-            cursor.clicks_frontier = NEVER  # no click read yet: no window closes until they are
+            cursor.frontier = NEVER  # no click read yet: no window closes until they are
             part = _Partition(p, state, cursor, progress.impressions_offset, progress.clicks_offset)
             part.holds = {which: (ts, until) for which, ts, until in progress.holds}
             self.parts[p] = part
@@ -259,7 +258,7 @@ class Joiner:
             if any(home != read.partition for home in here):
                 items = self._keep(read, here)
             if not read.impressions:
-                CLICKS.inc(len(read.items))
+                CLICKS.inc(len(items))  # (a moved click counts where it belongs, once)
                 for click in items:
                     part.cursor.click(click)  # type: ignore[arg-type]
                     part.newest_click = max(part.newest_click, click.ts)
@@ -335,7 +334,7 @@ class Joiner:
         exactly once: with the offset that read them); hold `to`'s watermark until it reads them
         back, where `to` is this worker's."""
         topic = read.topic
-        which = "impressions" if topic == self.kafka.impressions_topic else "clicks"
+        which = "impressions" if read.impressions else "clicks"
         source = f"{topic}:{read.partition}:{read.offset}".encode()
         output = PendingOutput(topic, key.encode(), value, ((REROUTED_FROM, source),), to)
         self.parts[read.partition].outputs.append(output)
@@ -375,9 +374,13 @@ class Joiner:
             self._release_holds(part)
             part.clicks_frontier = _lowest(clicks, part.holds.get("clicks", (None,))[0])
             held = _lowest(impressions, part.holds.get("impressions", (None,))[0])
-            part.cursor.clicks_frontier = _lowest(part.clicks_frontier, held)
+            part.cursor.frontier = _lowest(part.clicks_frontier, held)
             if part.cursor.fire(part.cursor.watermark):
                 part.touched = True  # its state changed: commit it with this chunk
+
+    def _topic(self, which: str) -> str:
+        """The topic of an input ("impressions" or "clicks")."""
+        return self.kafka.impressions_topic if which == "impressions" else self.kafka.clicks_topic
 
     def _release_holds(self, part: _Partition) -> None:
         for which, (_, until) in list(part.holds.items()):
@@ -402,16 +405,16 @@ class Joiner:
         )
         self._pause(p, part, "impressions", ahead, part.impressions_offset)
 
-    def _caught_up(self, topic: str, p: int, offset: int, settled: bool = False) -> bool:
+    def _caught_up(self, topic: str, p: int, offset: int, settled: bool = False, fresh: bool = False) -> bool:
         """Whether the partition's next offset to read (-1: none read yet) reached its end, as of the
         last fetch (an empty partition is caught up from the start). `settled`: every record the
         consumer returned is processed, so its position counts too: a partition written in
         transactions (records moved there) ends with a commit marker no record stands for, which
-        the position passes and our next offset never reaches."""
+        the position passes and our next offset never reaches. `fresh`: the end asked of the broker now."""
         from confluent_kafka import TopicPartition
 
         tp = TopicPartition(topic, p)
-        low, high = self.consumer.get_watermark_offsets(tp, cached=True)
+        low, high = self.consumer.get_watermark_offsets(tp, **({"timeout": 30} if fresh else {"cached": True}))
         if high is None or high < 0:
             return False  # not fetched yet
         at = offset if offset >= 0 else max(low or 0, 0)
@@ -424,7 +427,7 @@ class Joiner:
 
         if pause == part.paused[which]:
             return
-        topic = self.kafka.impressions_topic if which == "impressions" else self.kafka.clicks_topic
+        topic = self._topic(which)
         tp = [TopicPartition(topic, p, offset)]
         if pause:
             self.consumer.pause(tp)
@@ -437,21 +440,12 @@ class Joiner:
     def at_end(self) -> bool:
         """Whether every input partition of this worker is read to its end (asked of the broker now)
         and no record moved to one of them is still unread."""
-        from confluent_kafka import TopicPartition
-
-        for p, part in self.parts.items():
-            if part.holds:
-                return False
-            for topic, offset in (
-                (self.kafka.impressions_topic, part.impressions_offset),
-                (self.kafka.clicks_topic, part.clicks_offset),
-            ):
-                tp = TopicPartition(topic, p)
-                low, high = self.consumer.get_watermark_offsets(tp, timeout=30, cached=False)
-                # (the position passes the commit markers of records moved there, which no record stands for)
-                if max(offset if offset >= 0 else low, self.consumer.position([tp])[0].offset) < high:
-                    return False
-        return True
+        return all(
+            not part.holds
+            and self._caught_up(self.kafka.impressions_topic, p, part.impressions_offset, settled=True, fresh=True)
+            and self._caught_up(self.kafka.clicks_topic, p, part.clicks_offset, settled=True, fresh=True)
+            for p, part in self.parts.items()
+        )
 
     def end_of_input(self) -> None:
         """The end of a bounded log: close every window now (event time runs past every timer),
@@ -462,7 +456,6 @@ class Joiner:
             self._close_chunk(p, part, bundles_before=1 << 62)
             part.touched = True
         self._send()
-        self.ended = True
 
     def _close_chunk(self, p: int, part: _Partition, bundles_before: int | None = None) -> None:
         self._align(p, part)
@@ -549,7 +542,7 @@ class Joiner:
             for which, (ts, until) in list(part.holds.items()):
                 if until >= 0:
                     continue
-                topic = self.kafka.impressions_topic if which == "impressions" else self.kafka.clicks_topic
+                topic = self._topic(which)
                 try:
                     _, high = self.consumer.get_watermark_offsets(TopicPartition(topic, q), timeout=10, cached=False)
                 except KafkaException:

@@ -41,11 +41,6 @@ def murmur2_partition(key: bytes, partitions: int) -> int:
     return (h & 0x7FFFFFFF) % partitions
 
 
-def partition_of(impression_id: str, partitions: int) -> int:
-    """The partition of an impression id (its UTF-8 bytes as the key)."""
-    return murmur2_partition(impression_id.encode(), partitions)
-
-
 def murmur2_partitions(keys: list[bytes], partitions: int) -> np.ndarray:
     """murmur2_partition of many keys at once (int64 (n,)): keys of one length a numpy pass each,
     ~0.1 us a key against ~1.3 for the loop above (the joiner checks every id of a chunk)."""

@@ -193,12 +193,12 @@ def test_the_watermark_waits_for_unread_clicks():
 
     entries: dict = {}
     cursor = Cursor(cfg("window"), entries.get, partial(put_into, entries))
-    cursor.clicks_frontier = 0  # clicks read up to event time 0, more to come
+    cursor.frontier = 0  # clicks read up to event time 0, more to come
     cursor.impression(imp("a", 0))
     cursor.impression(imp("z", 5000))  # far past a's window, but the clicks are not
     assert cursor.take()[0] == []
     cursor.click(click("a", 900))  # came late in wall time, inside the window in event time
-    cursor.clicks_frontier = None  # every click read
+    cursor.frontier = None  # every click read
     cursor.fire(cursor.watermark)
     assert [(e.impression_id, e.label) for e in cursor.take()[0]] == [("a", 1)]
 

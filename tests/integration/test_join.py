@@ -57,6 +57,19 @@ def _consume(bootstrap: str, topic: str, group: str, done, timeout_s: float) -> 
     return out
 
 
+def _joining(isolated, tmp_path, policy: str, **more):
+    """The test's config with a joiner of `policy` at the module's window and allowance."""
+    join = JoinSettings(
+        policy=policy,
+        window_s=WINDOW_S,
+        allowed_lateness_s=LATENESS_S,
+        state_dir=str(tmp_path / "join"),
+        app_id=f"{isolated.stream.app_id}-joiner",
+        **more,
+    )
+    return replace(isolated, stream=replace(isolated.stream, join=join))
+
+
 def _misrouted(records):
     """Every third click record and every fifth impression record on the other partition of two, as a
     producer with another partitioner would put them: the joiner moves them to their own."""
@@ -73,15 +86,7 @@ def _misrouted(records):
 def test_the_joiner_through_five_sigkills_emits_every_impression_once_with_its_true_label(
     isolated, tmp_path, schema, policy, bundle, fmt
 ):
-    join = JoinSettings(
-        policy=policy,
-        window_s=WINDOW_S,
-        allowed_lateness_s=LATENESS_S,
-        state_dir=str(tmp_path / "join"),
-        app_id=f"{isolated.stream.app_id}-joiner",
-        take_records=32,
-    )
-    config = replace(isolated, stream=replace(isolated.stream, join=join))
+    config = _joining(isolated, tmp_path, policy, take_records=32)
     kafka = config.kafka
     ensure_topics(kafka)
     generator = SyntheticCriteo(schema, SyntheticConfig(seed=11))
@@ -230,14 +235,8 @@ def test_a_bounded_log_from_another_partitioner_drains_with_true_labels_and_lag_
 
     from adstream.running import consumer_lags
 
-    join = JoinSettings(
-        policy=policy,
-        window_s=WINDOW_S,
-        allowed_lateness_s=LATENESS_S,
-        state_dir=str(tmp_path / "join"),
-        app_id=f"{isolated.stream.app_id}-joiner",
-    )
-    config = replace(isolated, stream=replace(isolated.stream, join=join))
+    config = _joining(isolated, tmp_path, policy)
+    join = config.stream.join
     kafka = config.kafka
     ensure_topics(kafka)
     events, _ = SyntheticCriteo(schema, SyntheticConfig(seed=23)).generate(1500)
