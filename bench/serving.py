@@ -17,8 +17,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import gc
 import multiprocessing
 import os
 import platform
@@ -29,7 +27,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +35,7 @@ import numpy as np
 import orjson
 import torch
 
+from bench.http_load import Load, open_loop
 from bench.pipeline import _stop, _worker_main, redirect_output
 from serving.settings import ServingSettings
 from stream.replay import ReplayRecord, replay
@@ -51,77 +50,6 @@ from trainer.settings import MlflowSettings, TrainerSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 JSON = {"Content-Type": "application/json"}
-
-
-@dataclass(frozen=True)
-class Load:
-    """What an open-loop run measured."""
-
-    latencies_ms: np.ndarray  # (sent,) from each request's scheduled time to its response; NaN if it failed
-    seconds: float  # wall time of the run
-    versions: tuple[str, ...]  # model versions answered, in the order first seen
-
-    def summary(self) -> dict[str, Any]:
-        ok = self.latencies_ms[~np.isnan(self.latencies_ms)]
-        pick = (lambda q: float(np.percentile(ok, q))) if len(ok) else (lambda q: float("nan"))
-        return {
-            "sent": len(self.latencies_ms),
-            "failed": int(np.isnan(self.latencies_ms).sum()),
-            "requests_per_s": len(self.latencies_ms) / self.seconds if self.seconds else 0.0,
-            "p50_ms": pick(50),
-            "p99_ms": pick(99),
-            "max_ms": float(ok.max()) if len(ok) else float("nan"),
-            # the latency CDF: percentile -> ms (bench/plots.py draws it)
-            "cdf_ms": {f"{q:g}": pick(q) for q in (1, 5, 10, 25, 50, 75, 90, 95, 99, 99.5, 99.9, 100)},
-        }
-
-
-def open_loop(url: str, bodies: list[bytes], rate: float, seconds: float, timeout_s: float = 5.0) -> Load:
-    """Run the load on uvloop; the generator's own garbage collector is off meanwhile (its pauses
-    would be charged to the server)."""
-    import uvloop
-
-    gc.collect()
-    gc.disable()
-    try:  # uvloop: the generator's own overhead stays small beside the server it measures
-        return uvloop.run(_open_loop(url, bodies, rate, seconds, timeout_s))
-    finally:
-        gc.enable()
-
-
-async def _open_loop(url: str, bodies: list[bytes], rate: float, seconds: float, timeout_s: float) -> Load:
-    import aiohttp
-
-    n = int(rate * seconds)
-    latencies = np.full(n, np.nan)
-    versions: dict[str, None] = {}
-    connector = aiohttp.TCPConnector(limit=1024)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
-        start = time.perf_counter() + 0.05  # not loop.time(): uvloop's clock ticks in whole ms
-
-        async def one(i: int) -> None:
-            scheduled = start + i / rate
-            try:
-                async with session.post(url, data=bodies[i % len(bodies)], headers=JSON) as response:
-                    body = await response.read()
-                    if response.status != 200:
-                        return
-            except (TimeoutError, aiohttp.ClientError):
-                return
-            latencies[i] = (time.perf_counter() - scheduled) * 1000
-            version = orjson.loads(body).get("model_version") if body.startswith(b"{") else None
-            if version is not None:
-                versions.setdefault(str(version))
-
-        tasks = []
-        for i in range(n):
-            delay = start + i / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(i)))
-        await asyncio.gather(*tasks)
-        seconds_taken = time.perf_counter() - start
-    return Load(latencies, seconds_taken, tuple(versions))
 
 
 # --- processes ---------------------------------------------------------------------------------

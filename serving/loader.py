@@ -13,13 +13,18 @@ read and checked whole before any row lands, so a refused delta changes nothing.
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import torch
 
 from serving.errors import ServingError
+from serving.scorer import Scorer, scorer_of
 from store.errors import StoreError
 from store.frozen import FrozenTier
 from store.rocks import RocksTier
@@ -27,9 +32,12 @@ from store.table import EmbeddingTable, TableConfig
 from store.tier import Tier
 from stream.featurize import shared_ids
 from stream.schema import Schema
+from trainer.errors import SnapshotError
 from trainer.model import CtrModel
-from trainer.snapshot import Manifest, load_model, read_embeddings, read_manifest
+from trainer.snapshot import Manifest, load_model, read_embeddings, read_manifest, rows_file, save_file
 
+JOINED_ROWS = "serving-rows.safetensors"  # a sharded publication's rows joined, for the workers to map
+SAFETENSORS_DTYPES = {np.int64: "I64", np.float32: "F32"}
 LOAD_CHUNK = 100_000  # rows per RocksDB write batch when a base is loaded
 
 
@@ -40,6 +48,10 @@ class ServedModel:
     model: CtrModel
     table: EmbeddingTable  # vectors only (n, E+1): lookups, no updates (deltas land in its FrozenTier)
     folder: Path | None = None  # the base publication's folder it was loaded from (the download cache's)
+    scorer: Scorer = field(init=False, repr=False)  # `model` as numpy arrays, what requests are scored with
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "scorer", scorer_of(self.model))
 
     @property
     def sequence(self) -> int:
@@ -59,13 +71,14 @@ def load_served_model(
             f"snapshot {path} (version {version}): schema hash {manifest.schema_hash} ({manifest.schema_name}) "
             f"differs from the served schema's {schema.hash} ({schema.name}); serve with the schema it was trained on"
         )
-    emb = read_embeddings(path)
-    ids = emb["ids"].numpy().astype(np.int64)
     tier: Tier
     try:
         if rocksdb is None:
-            tier = FrozenTier(ids, emb["vectors"], where=f"snapshot {path}")
+            ids, vectors = shared_rows(path, manifest.shards)
+            tier = FrozenTier(ids, vectors, where=f"snapshot {path}")
         else:
+            emb = read_embeddings(path)
+            ids = emb["ids"].numpy().astype(np.int64)
             shutil.rmtree(rocksdb, ignore_errors=True)
             tier = RocksTier(rocksdb, emb["vectors"].shape[1], disk_bytes, wal=False)
             for start in range(0, len(ids), LOAD_CHUNK):
@@ -75,6 +88,54 @@ def load_served_model(
     config = TableConfig.from_dict(manifest.table)
     table = EmbeddingTable(tier, config, shared_ids(schema) if config.min_count > 1 else None)
     return ServedModel(version, manifest, load_model(path, manifest), table, Path(path))
+
+
+def shared_rows(path: str | Path, shards: int = 1) -> tuple[np.ndarray, torch.Tensor]:
+    """A base publication's rows (ids int64 (n,), vectors float32 (n, W)) mapped from its file,
+    copy-on-write: every serving worker on one machine reads the same pages of the OS's page cache
+    (one copy of the table in RAM however many workers), and a delta written into the rows makes
+    private copies of the pages it touches, so the file and the other workers never change.
+    Rows sharded over several files are joined once into JOINED_ROWS beside them, then mapped."""
+    folder = Path(path)
+    if shards > 1:
+        file = folder / JOINED_ROWS
+        if not file.is_file():
+            emb = read_embeddings(folder)
+            tmp = folder / f".{JOINED_ROWS}.{os.getpid()}"
+            save_file({"ids": emb["ids"].to(torch.int64), "vectors": emb["vectors"]}, tmp)
+            os.replace(tmp, file)  # whole or not at all: another worker maps it only once complete
+    else:
+        file = folder / rows_file(0, 1)
+    header, start = _safetensors_header(file)
+    size = file.stat().st_size
+    mapped = {}
+    for name, dtype in (("ids", np.int64), ("vectors", np.float32)):
+        entry = header.get(name)
+        begin, end = entry["data_offsets"] if entry is not None else (0, 0)
+        if entry is None or entry["dtype"] != SAFETENSORS_DTYPES[dtype] or start + end > size:
+            raise _unreadable(file, f"no whole {name} of {SAFETENSORS_DTYPES[dtype]} in its {size} bytes")
+        shape = tuple(entry["shape"])
+        mapped[name] = (
+            np.memmap(file, dtype=dtype, mode="c", offset=start + begin, shape=shape)
+            if end > begin
+            else np.zeros(shape, dtype=dtype)  # an empty table: nothing to map
+        )
+    return mapped["ids"], torch.from_numpy(mapped["vectors"])
+
+
+def _safetensors_header(file: Path) -> tuple[dict[str, Any], int]:
+    """A safetensors file's header (name -> dtype, shape, data_offsets) and where its data starts:
+    8 bytes of little-endian header length, the JSON header, then the tensors' bytes."""
+    try:
+        with open(file, "rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            return json.loads(f.read(length)), 8 + length
+    except (OSError, ValueError) as exc:
+        raise _unreadable(file, str(exc)) from None
+
+
+def _unreadable(file: Path, why: str) -> SnapshotError:
+    return SnapshotError(f"snapshot {file.parent}: {file.name} is unreadable ({why}); refusing it")
 
 
 def apply_delta(served: ServedModel, path: str | Path) -> ServedModel:

@@ -68,21 +68,26 @@ def cache_folder(cache_dir: str | Path, ref: VersionRef) -> Path:
 
 
 def download(tracking_uri: str, ref: VersionRef, cache_dir: str | Path) -> Path:
-    """Download a version's snapshot folder once; later calls reuse it."""
+    """Download a version's snapshot folder once; later calls reuse it. The folder appears whole
+    (downloaded beside it, then renamed): serving workers sharing the cache map what another one
+    downloaded, never a file still being written."""
     import mlflow
 
     target = cache_folder(cache_dir, ref)
     if is_complete(target):
         return target
-    target.mkdir(parents=True, exist_ok=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(tracking_uri)
-    local = mlflow.artifacts.download_artifacts(artifact_uri=ref.source, dst_path=str(target))
-    path = Path(local)
-    if not is_complete(path):
-        raise ServingError(f"version {ref.version} of {ref.name}: no {MANIFEST} under {ref.source}")
-    if path != target:
-        for item in path.iterdir():
-            item.rename(target / item.name)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}-") as tmp:
+        path = Path(mlflow.artifacts.download_artifacts(artifact_uri=ref.source, dst_path=tmp))
+        if not is_complete(path):
+            raise ServingError(f"version {ref.version} of {ref.name}: no {MANIFEST} under {ref.source}")
+        try:
+            path.rename(target)
+        except OSError:  # another worker's download got there first (or a half one from before a crash)
+            if not is_complete(target):
+                shutil.rmtree(target, ignore_errors=True)
+                path.rename(target)
     return target
 
 

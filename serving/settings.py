@@ -19,6 +19,9 @@ class ServingSettings:
     disk_bytes: int = at_least(1, 64 << 30)  # budget of a served version's RocksDB (store = "rocksdb"), bytes
     max_events: int = at_least(1, 10_000)  # most events accepted in one request
     max_body_bytes: int = at_least(1 << 10, 8 << 20)  # largest request body accepted (413 above it)
+    # processes answering on one port (serving/workers.py): each follows the registry and maps the
+    # same table from the download cache (one copy in RAM); about one per core the server may use
+    workers: int = at_least(1, 1)
     threads: int = at_least(1, 1)  # torch threads per request (1 keeps latency steady under concurrency)
     # if set, /predict and /model need "Authorization: Bearer <token>" (/healthz and /metrics stay
     # open; /docs and /openapi.json are off); or set ADSTREAM_SERVING_TOKEN. Never logged, never in a repr.

@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 
+SMALL = 1024  # at most this many ids: np.unique itself (~5 us for one event's 39, pandas' ~50 us)
+
 
 def unique_inverse(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """ids (n,) int64 -> (unique (u,) sorted, inverse (n,) int64) with unique[inverse] == ids,
     exactly np.unique(ids, return_inverse=True)."""
+    if len(ids) <= SMALL:  # a served request's few ids: np.unique's sort beats the hash table's setup
+        unique, inverse = np.unique(ids, return_inverse=True)
+        return unique, inverse.astype(np.int64, copy=False)
     import pandas as pd  # imported on first use: a process that never learns never pays for it
 
     codes, unique = pd.factorize(ids, sort=True)

@@ -59,9 +59,7 @@ LATE_POSITIVE = "late_positive"  # fake_negative / elapsed: a click after the wi
 FIRST_EMISSIONS = frozenset({FINAL, FAKE_NEGATIVE, ELAPSED})
 # a dead-lettered click's reason (one text for every orphan, so `adstream dlq` counts them together;
 # the click record beside it names the impression)
-ORPHAN_CLICK = (
-    "impression_id: no impression with this id came within stream.join.allowed_lateness_s of the click"
-)
+ORPHAN_CLICK = "impression_id: no impression with this id came within stream.join.allowed_lateness_s of the click"
 FORGOTTEN_CLICK = (
     "ts: a late click past the join's memory: when it was read, event time (the newest impressions "
     "minus allowed_lateness_s) was more than window_s + allowed_lateness_s past the click, so every "

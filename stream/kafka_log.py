@@ -49,8 +49,9 @@ class _Outage(logging.Filter):
                 self.hidden += 1
                 return False
             self.down = True
-        record.msg, record.args = "kafka: the broker is unreachable (%s); retrying, quiet until it is back", (
-            text[:200],
+        record.msg, record.args = (
+            "kafka: the broker is unreachable (%s); retrying, quiet until it is back",
+            (text[:200],),
         )
         record.levelno, record.levelname = logging.WARNING, "WARNING"
         return True

@@ -235,7 +235,7 @@ def test_a_full_disk_is_one_line_naming_the_folder_and_leaves_no_half_snapshot(s
         "import os\n"
         f"print('LEFT', sorted(os.listdir({str(disk)!r})))\n"
     )
-    mount = f"mount -t tmpfs -o size=256k tmpfs {disk} && exec {sys.executable} -c \"$0\""
+    mount = f'mount -t tmpfs -o size=256k tmpfs {disk} && exec {sys.executable} -c "$0"'
     done = subprocess.run(["unshare", "-rm", "sh", "-c", mount, script], capture_output=True, text=True, timeout=300)
     lines = done.stdout.splitlines()
     errors = [line for line in lines if line.startswith("ERROR")]

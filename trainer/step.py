@@ -37,7 +37,13 @@ class StepResult:
 
 
 def forward(model: CtrModel, table: Rows, batch: Batch):  # type: ignore[no-untyped-def]
-    """Look up the batch's rows and run the model. Returns (logits (B,), lookup, leaf vectors (u, W)).
+    """Look up the batch's rows and run the model. Returns (logits (B,), lookup, leaf vectors (u, W))."""
+    rows, lookup, leaf = model_inputs(model, table, batch)
+    return model(rows, batch.dense), lookup, leaf
+
+
+def model_inputs(model: CtrModel, table: Rows, batch: Batch):  # type: ignore[no-untyped-def]
+    """The model's input rows for a batch: (rows (B, F + L, W), lookup, leaf vectors (u, W)).
 
     The single-id fields give (B, F, W); each list field's values are pooled per event (mean or
     sum, ModelConfig.list_pooling) into one more field, so the model sees (B, F + L, W). Gradients
@@ -47,7 +53,7 @@ def forward(model: CtrModel, table: Rows, batch: Batch):  # type: ignore[no-unty
     if not batch.lists:
         lookup = table.lookup(batch.ids, device=batch.labels.device)
         leaf = _leaf(model, lookup.vectors)
-        return model(gather_rows(leaf, lookup.inverse).view(n, f, -1), batch.dense), lookup, leaf
+        return gather_rows(leaf, lookup.inverse).view(n, f, -1), lookup, leaf
     flat = [batch.ids.reshape(-1)] + [ids for _, ids in batch.lists]
     columns = [np.tile(np.arange(f), n)] + [np.full(len(ids), f + j) for j, (_, ids) in enumerate(batch.lists)]
     lookup = table.lookup(np.concatenate(flat), device=batch.labels.device, columns=np.concatenate(columns))
@@ -64,7 +70,7 @@ def forward(model: CtrModel, table: Rows, batch: Batch):  # type: ignore[no-unty
         if model.config.list_pooling[j] == "mean":
             pooled = pooled / lengths.clamp(min=1).unsqueeze(1).to(rows.dtype)
         fields.append(pooled.unsqueeze(1))
-    return model(torch.cat(fields, dim=1), batch.dense), lookup, leaf
+    return torch.cat(fields, dim=1), lookup, leaf
 
 
 def _leaf(model: CtrModel, vectors: torch.Tensor) -> torch.Tensor:
