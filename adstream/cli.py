@@ -197,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, default=500.0, help="serving: requests/s of the open-loop load")
     p.add_argument("--seconds", type=float, default=30.0, help="serving: seconds of each load phase")
     p.add_argument("--fresh-seconds", type=float, default=60.0, help="serving: seconds of producing for freshness")
+    p.add_argument("--step-seconds", type=float, default=10.0, help="serving: seconds of each capacity step")
     p.add_argument("--rows", type=int, default=1_000_000, help="serving: table rows for the publish-bytes figures")
     p.add_argument("--json", help="write the JSON here too")
     p.set_defaults(func=cmd_bench)

@@ -495,17 +495,13 @@ def cmd_bench(args: argparse.Namespace) -> None:
         config = _config(args)
         stack.up(config.stack, config.kafka)
         result = run_serving_bench(
-            config.stream.schema,
-            config.kafka,
-            config.stream,
-            config.trainer,
-            config.mlflow,
-            config.serving,
+            config,
             Path(config.stack.state_dir).resolve() / "bench-logs",
             rate=args.rate,
             seconds=args.seconds,
             fresh_s=args.fresh_seconds,
             rows=args.rows,
+            step_s=args.step_seconds,
         )
     elif args.which == "step":
         from bench.step import run_step_bench

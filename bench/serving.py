@@ -1,14 +1,20 @@
-"""`adstream bench serving`: latency, hot swaps, freshness and publish bytes, in one run.
+"""`adstream bench serving`: latency, capacity, contention, hot swaps, freshness and publish bytes, in one run.
 
-- latency: POST /predict at `rate` requests/s for `seconds`, open loop (each request leaves at its
-  scheduled time whatever the earlier ones do, and its latency counts from that time, so a server
-  that stalls is charged for the queue it builds), with one event per request, and with 64 at a
-  tenth of the rate (6.4x the single-event load's events per second). The
-  baseline is the same publication behind `mlflow models serve` (bench/pyfunc_model.py: the same
-  predict functions as a pyfunc model) at the same load. With 2+ cores the server under test
-  (ours or the baseline) runs on core 0 and the load generator on the others: in production the
-  clients are other machines, and a generator sharing the server's core charges it for its own CPU.
-- hot swaps: the single-event load again while 3 new bases are published; requests that failed.
+- latency: POST /predict at `rate` requests/s for `seconds`, open loop (bench/http_load.py: each
+  request leaves at its scheduled time whatever the earlier ones do, and its latency counts from
+  that time, so a server that stalls is charged for the queue it builds), one event per request,
+  3 times (the spread), then 64 events per request at a tenth of the rate. Every run says what
+  else used the CPU meanwhile: the server's CPU per request (all its workers), the generator's,
+  and the other processes' share of all cores, with the load average. The baseline is the same
+  publication behind `mlflow models serve` (bench/pyfunc_model.py: the same predict functions as a
+  pyfunc model) at the same load. With one server worker and 2+ cores the server under test (ours
+  or the baseline) runs on core 0 and the load generator on the others: in production the clients
+  are other machines, and a generator sharing the server's core charges it for its own CPU. With
+  serving.workers > 1 every process may run anywhere.
+- capacity: the single-event rate raised by 250 req/s a step until p99 passes 5 ms (twice).
+- hot swaps: the single-event load again while 3 new bases are published; p99 against the steady one.
+- beside the pipeline: the single-event load while `adstream join`, `stream` and `train` work on
+  synthetic impressions and clicks on the same machine (the production shape on one box).
 - freshness, on the local stack as in production (Faust featurizer, trainer, server, each its own
   process): events are produced with their time set to now; an event's freshness is the first
   moment /model reports a newest_event_ms at or past its time, minus its time.
@@ -347,34 +353,144 @@ def publish_bytes(schema: Schema, settings: TrainerSettings, rows: int, folder: 
     return out
 
 
+def _tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of a process and its descendants, from /proc (Linux)."""
+    parents: dict[int, list[int]] = {}
+    times: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        child = int(stat.parent.name)
+        parents.setdefault(int(fields[1]), []).append(child)
+        times[child] = (int(fields[11]) + int(fields[12])) / tick
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        total += times.get(current, 0.0)
+        todo += parents.get(current, [])
+    return total
+
+
+def _busy_cpu_s() -> float:
+    """CPU seconds the whole machine spent busy (all but idle and iowait), from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def measured(url: str, bodies: list[bytes], rate: float, seconds: float, server_pid: int) -> dict[str, Any]:
+    """An open-loop run's summary, with what used the CPU meanwhile: the server (all its workers),
+    the load generator, and everything else on the machine (a neighbour's share of all cores)."""
+    busy, server, wall = _busy_cpu_s(), _tree_cpu_s(server_pid), time.perf_counter()
+    load = open_loop(url, bodies, rate, seconds)
+    busy, server, wall = _busy_cpu_s() - busy, _tree_cpu_s(server_pid) - server, time.perf_counter() - wall
+    cores = os.cpu_count() or 1
+    out = {"rate": rate, **load.summary(), **({"versions_served": list(load.versions)} if load.versions else {})}
+    sent = max(len(load.latencies_ms), 1)
+    out["server_cpu_us_per_request"] = 1e6 * server / sent
+    out["others_cpu_share"] = max(busy - server - load.cpu_s, 0.0) / (wall * cores)  # 1.0 = every core busy
+    out["load_average_1m"] = os.getloadavg()[0]
+    return out
+
+
+def capacity(url: str, bodies: list[bytes], server_pid: int, step_s: float, p99_ms: float = 5.0) -> dict[str, Any]:
+    """How far from the cliff: the rate raised by 250 req/s a step from 500 until the server
+    saturates (a request failed, p99 over 100 ms, or the rate not kept). `capacity_rps` is the
+    highest rate served with p99 <= p99_ms and nothing failed; `saturation_rps` the first that
+    saturated. A step over p99_ms is run again once (one neighbour's burst is not the server's limit)."""
+    steps: list[dict[str, Any]] = []
+    best, rate, saturated = 0.0, 500.0, None
+    while rate <= 20_000 and saturated is None:
+        for _ in range(2):
+            run = measured(url, bodies, rate, step_s, server_pid)
+            steps.append({k: v for k, v in run.items() if k != "cdf_ms"})
+            if run["failed"] or run["p99_ms"] > 100 or run["requests_per_s"] < 0.95 * rate:
+                saturated = rate
+                break
+            if run["p99_ms"] <= p99_ms:
+                best = rate
+                break
+        rate += 250.0
+    return {"capacity_rps": best, "saturation_rps": saturated, "p99_limit_ms": p99_ms, "step_s": step_s, "steps": steps}
+
+
+def _spread(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    p99 = [r["p99_ms"] for r in runs]
+    return {"p99_ms_min": min(p99), "p99_ms_median": float(np.median(p99)), "p99_ms_max": max(p99)}
+
+
+def beside_pipeline(
+    config: Any, url: str, bodies: list[bytes], rate: float, seconds: float, server_pid: int, log_dir: Path
+) -> dict[str, Any]:
+    """/predict measured while `adstream join`, `adstream stream` and `adstream train` work on
+    synthetic impressions and clicks replayed at 2,000 impressions/s (the production shape on one
+    box, scoped as a demo run of its own); the server keeps serving the bench's model."""
+    from adstream.demo import DEMO_DELAYS, DEMO_EVENT_RATE, demo_config
+    from adstream.processes import cli_process, stop_process, write_toml
+    from stream.bundle import event_table
+    from stream.clicks import interleave, split_clicks
+
+    config = demo_config(config, f"bench-serving-{uuid.uuid4().hex[:6]}")
+    schema = load_schema(config.stream.schema)
+    ensure_topics(config.kafka)
+    config_file = write_toml(config, Path(tempfile.mkdtemp()) / "adstream.toml")
+    events = int(2000 * (seconds + 40))
+    world, _ = SyntheticCriteo(schema, SyntheticConfig(seed=5)).generate(events)
+    split = split_clicks(event_table(world, schema), schema, np.random.default_rng(5), DEMO_DELAYS, DEMO_EVENT_RATE)
+    records = interleave(
+        [split], schema, config.kafka.impressions_topic, config.kafka.clicks_topic, config.kafka.partitions
+    )
+    producer = threading.Thread(target=replay, args=(records, config.kafka), kwargs={"rate": 2000.0, "progress": False})
+    pipeline = [
+        cli_process(config_file, "join", log=log_dir / "beside-join.log"),
+        cli_process(config_file, "stream", log=log_dir / "beside-stream.log"),
+        cli_process(config_file, "train", log=log_dir / "beside-train.log"),
+    ]
+    try:
+        producer.start()
+        time.sleep(25)  # the three start, batches reach the trainer
+        alive = [p.poll() is None for p in pipeline]
+        out = measured(url, bodies, rate, seconds, server_pid)
+        out["pipeline_alive"] = alive and all(p.poll() is None for p in pipeline)
+    finally:
+        for p in pipeline:
+            stop_process(p)
+        producer.join()
+    return out
+
+
 def run_serving_bench(
-    schema_path: str,
-    kafka: KafkaSettings,
-    stream: StreamSettings,
-    trainer_settings: TrainerSettings,
-    mlflow: MlflowSettings,
-    serving: ServingSettings,
+    config: Any,
     log_dir: Path,
     rate: float = 500.0,
     seconds: float = 30.0,
     fresh_s: float = 60.0,
     rows: int = 1_000_000,
+    step_s: float = 10.0,
 ) -> dict[str, Any]:
     from rich.console import Console
 
     from trainer.publish import Publisher
 
+    schema_path, kafka, stream = config.stream.schema, config.kafka, config.stream
+    trainer_settings, serving = config.trainer, config.serving
     say = Console(stderr=True).print
     log_dir.mkdir(parents=True, exist_ok=True)
     schema = load_schema(schema_path)
     tag = uuid.uuid4().hex[:6]
-    mlflow = replace(mlflow, experiment=f"{mlflow.experiment}-bench", model_name=f"bench-serving-{tag}")
+    mlflow = replace(config.mlflow, experiment=f"{config.mlflow.experiment}-bench", model_name=f"bench-serving-{tag}")
+    pinned = serving.workers == 1 and (os.cpu_count() or 1) > 1
     result: dict[str, Any] = {
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "rate": rate,
         "seconds": seconds,
+        "workers": serving.workers,
+        # one worker: it runs on core 0, the load generator on the others; more workers: every core, shared
+        "server_pinned": pinned,
     }
     torch.manual_seed(0)
     say("bench serving: training a model and publishing it")
@@ -389,22 +505,37 @@ def run_serving_bench(
     ours = replace(serving, port=free_port(), cache_dir=str(work / "cache"))
     server = context.Process(
         target=_serve_main,
-        args=(ours, schema_path, mlflow.tracking_uri, mlflow.model_name, str(log_dir / "serve.log"), True),
+        args=(ours, schema_path, mlflow.tracking_uri, mlflow.model_name, str(log_dir / "serve.log"), pinned),
     )
     server.start()
     baseline = None
     all_cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    result.update(_pin_load_generator())
+    if pinned:
+        result.update(_pin_load_generator())
     try:
         url = f"http://{ours.host}:{ours.port}"
         _wait_http(f"{url}/model", "adstream serve", 120, server.is_alive)
-        for per_request, at in ((1, rate), (64, rate / 10)):
-            bodies = _bodies(schema, requests, per_request, mlflow_format=False)
-            open_loop(f"{url}/predict", bodies, at, 2.0)  # warm-up
-            say(f"bench serving: adstream, {per_request} event(s) per request, {at:g}/s for {seconds:g}s")
+        assert server.pid is not None
+        single = _bodies(schema, requests, 1, mlflow_format=False)
+        open_loop(f"{url}/predict", single, rate, 3.0)  # warm-up
+        say(f"bench serving: adstream, 1 event per request, {rate:g}/s for {seconds:g}s, 3 times")
+        runs = []
+        for _ in range(3):
             before = _server_histogram(url)
-            summary = {"rate": at, **open_loop(f"{url}/predict", bodies, at, seconds).summary()}
-            result[f"adstream_{per_request}"] = {**summary, **_server_share(before, _server_histogram(url))}
+            run = measured(f"{url}/predict", single, rate, seconds, server.pid)
+            runs.append({**run, **_server_share(before, _server_histogram(url))})
+        result["adstream_1_runs"] = runs
+        result["adstream_1"] = {**sorted(runs, key=lambda r: r["p99_ms"])[1], **_spread(runs)}  # the median run
+        say(f"bench serving: capacity (p99 <= 5 ms), {step_s:g}s a step")
+        result["capacity"] = capacity(f"{url}/predict", single, server.pid, step_s)
+        bodies = _bodies(schema, requests, 64, mlflow_format=False)
+        open_loop(f"{url}/predict", bodies, rate / 10, 2.0)
+        say(f"bench serving: adstream, 64 events per request, {rate / 10:g}/s for {seconds:g}s")
+        before = _server_histogram(url)
+        result["adstream_64"] = {
+            **measured(f"{url}/predict", bodies, rate / 10, seconds, server.pid),
+            **_server_share(before, _server_histogram(url)),
+        }
 
         say("bench serving: hot swaps under load")
         folders = []  # trained before the load starts: the swaps themselves only upload and register
@@ -416,11 +547,17 @@ def run_serving_bench(
         swapper = context.Process(target=_publish_main, args=(mlflow, publisher.run_id, folders, seconds / 4, ready))
         swapper.start()
         ready.wait(120)
-        bodies = _bodies(schema, requests, 1, mlflow_format=False)
-        load = open_loop(f"{url}/predict", bodies, rate, seconds)
+        swaps = measured(f"{url}/predict", single, rate, seconds, server.pid)
         swapper.join(60)
-        result["hot_swaps"] = {**load.summary(), "swaps": len(folders) if swapper.exitcode == 0 else 0}
-        result["hot_swaps"]["versions_served"] = list(load.versions)
+        result["hot_swaps"] = {**swaps, "swaps": len(folders) if swapper.exitcode == 0 else 0}
+        if all_cores is not None:
+            os.sched_setaffinity(0, all_cores)  # the pipeline's processes inherit every core
+        say(f"bench serving: beside the joiner, featurizer and trainer at work, {rate:g}/s for {seconds:g}s")
+        result["beside_pipeline"] = beside_pipeline(
+            config, f"{url}/predict", single, rate, seconds, server.pid, log_dir
+        )
+        if pinned:
+            _pin_load_generator()
         say("bench serving: the mlflow pyfunc baseline")
         baseline, base_url = _mlflow_baseline(first, schema_path, mlflow, log_dir)
         result["baseline_max_abs_diff"] = _agreement(base_url, first, schema, requests)  # the same model?
@@ -462,21 +599,38 @@ def run_serving_bench(
 
 
 def check_targets(result: dict[str, Any]) -> dict[str, Any]:
-    """The issue's targets, each with the figures it compares."""
+    """The issues' targets, each with the figures it compares."""
     ours, theirs = result["adstream_1"], result["mlflow_pyfunc_1"]
     swaps, fresh, size = result["hot_swaps"], result["freshness"], result["publish_bytes"]
     per_row, base_row = size["bytes_per_changed_row"], size["bytes_per_base_row"]
+    runs, beside, many = result["adstream_1_runs"], result["beside_pipeline"], result["adstream_64"]
+    steady = ours["p99_ms_median"]
     return {
-        "p99 single event <= 5 ms": [ours["p99_ms"], 5.0, ours["p99_ms"] <= 5.0],
+        "p99 single event <= 5 ms at the rate, 0 failed, in each of 3 runs": [
+            ours["p99_ms_max"],
+            5.0,
+            all(r["p99_ms"] <= 5.0 and r["failed"] == 0 for r in runs),
+        ],
+        "capacity (p99 <= 5 ms) >= 1,500 req/s single event": [
+            result["capacity"]["capacity_rps"],
+            1500.0,
+            result["capacity"]["capacity_rps"] >= 1500,
+        ],
+        "64 events per request at a tenth of the rate: p99 <= 15 ms": [many["p99_ms"], 15.0, many["p99_ms"] <= 15.0],
+        "p99 <= 20 ms beside the joiner, featurizer and trainer": [
+            beside["p99_ms"],
+            20.0,
+            beside["p99_ms"] <= 20.0 and beside["failed"] == 0 and beside["pipeline_alive"],
+        ],
+        "p99 during 3 hot swaps <= 2x the steady p99, 0 failed": [
+            swaps["p99_ms"],
+            2 * steady,
+            swaps["p99_ms"] <= 2 * steady and swaps["failed"] == 0 and swaps["swaps"] == 3,
+        ],
         "p99 >= 5x better than mlflow pyfunc": [
             theirs["p99_ms"] / ours["p99_ms"],
             5.0,
             theirs["p99_ms"] >= 5 * ours["p99_ms"],
-        ],
-        "0 failed requests across 3 hot swaps": [
-            swaps["failed"],
-            swaps["swaps"],
-            swaps["failed"] == 0 and swaps["swaps"] == 3,
         ],
         "freshness p50 <= 10 s": [fresh["freshness_p50_s"], 10.0, fresh["freshness_p50_s"] <= 10.0],
         "delta bytes proportional to changed rows (bytes per changed row <= a base row's)": [

@@ -27,6 +27,7 @@ import logging
 import math
 import os
 import shutil
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import threadpoolctl
 import torch
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
@@ -49,16 +51,19 @@ from prometheus_client import (
 )
 from starlette.types import Receive, Scope, Send
 
+from serving.batching import Batcher
 from serving.follow import Follower
 from serving.loader import ServedModel, apply_delta, load_served_model
 from serving.predict import predict_events
 from serving.registry import MlflowRegistry
 from serving.request import Refusal, parse_predict_body
 from serving.settings import ServingSettings
+from stream.decode import event_from_mapping
 from stream.schema import Schema
 
 log = logging.getLogger("adstream.serving")
 TOKEN_DETAIL = "missing or wrong bearer token: send 'Authorization: Bearer <serving.token>'"
+SWITCH_INTERVAL_S = 0.0005  # the longest a background thread holds the GIL while requests wait
 INLINE_EVENTS = 8  # requests of at most this many events are scored on the event loop itself
 REQUESTS = Counter("adstream_serving_requests_total", "prediction requests", ["status"])
 LATENCY = Histogram(
@@ -218,11 +223,20 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> Predi
     async def refresh() -> None:
         try:
             model = await asyncio.to_thread(fetch, holder.current)
+            if model is not None:  # warmed beside the served one: the first request on it is no slower
+                await asyncio.to_thread(warm, model)
         except Exception as exc:  # a bad publication or a registry hiccup must not kill the server
             holder.refuse(exc)
             return
         if model is not None:
             holder.swap(model)
+
+    example = [event_from_mapping(schema.request_example(), schema, require_label=False)]
+
+    def warm(model: ServedModel) -> None:
+        """Score the schema's example event on a model about to be served: what a first request
+        would pay (pages of its mapped rows and weights faulted in, lazy setup) is paid here."""
+        predict_events(model, example, schema)
 
     async def poll() -> None:
         while True:
@@ -232,6 +246,12 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> Predi
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         torch.set_num_threads(settings.threads)
+        # the registry poll and a model's load run on a thread: Python hands the GIL back to the
+        # requests' event loop every 5 ms by default, a stall a request pays in full; 0.5 ms bounds it
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        # numpy's BLAS (the scorer's products) too: its default thread per core spins between the
+        # products of a 64-event request, ~25 ms of CPU a request taken from the other requests
+        threadpoolctl.threadpool_limits(settings.threads, user_api="blas")
         await refresh()
         gc.freeze()  # what startup built (imports, the first model) is never scanned again: shorter GC pauses
         task = asyncio.create_task(poll())
@@ -269,6 +289,8 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> Predi
             return JSONResponse({"detail": "no model loaded yet", "last_error": h.last_error}, status_code=503)
         return JSONResponse(h.info())
 
+    batcher = Batcher(lambda served, events: predict_events(served, events, schema))
+
     async def answer_predict(body: bytes | None, authorization: str) -> Answer:
         """What POST /predict answers for a body (None: over max_body_bytes) and an Authorization
         header: the one function behind the lane and the route."""
@@ -288,7 +310,7 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> Predi
             return _refused(503, "no model loaded yet; is a trainer publishing?")
         started = time.perf_counter()
         if len(parsed) <= INLINE_EVENTS:  # well under a millisecond: a thread hop would cost more
-            ctrs = predict_events(served, parsed, schema)
+            ctrs = await batcher.predict(served, parsed)
         else:
             ctrs = await asyncio.to_thread(predict_events, served, parsed, schema)
         LATENCY.observe(time.perf_counter() - started)

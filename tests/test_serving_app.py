@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 from dataclasses import replace
 
 import numpy as np
@@ -69,7 +70,7 @@ def test_503_until_a_model_then_hot_swap(schema, snapshots):
 
     queue: list = []
     with make_client(schema, queue) as client:
-        assert client.get("/healthz").json() == {"status": "ok", "model_loaded": False}
+        assert client.get("/healthz").json() == {"status": "ok", "model_loaded": False, "worker": os.getpid()}
         assert client.post("/predict", json=unlabelled(0)).status_code == 503
         assert client.get("/model").status_code == 503
         queue.append(snapshots[0])
