@@ -44,6 +44,7 @@ import torch
 from bench.http_load import Load, open_loop
 from bench.pipeline import _stop, _worker_main, redirect_output
 from serving.settings import ServingSettings
+from stream.clicks import ClickDelays
 from stream.replay import ReplayRecord, replay
 from stream.schema import Schema, load_schema, schema_file
 from stream.settings import KafkaSettings, StreamSettings
@@ -421,42 +422,62 @@ def _spread(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {"p99_ms_min": min(p99), "p99_ms_median": float(np.median(p99)), "p99_ms_max": max(p99)}
 
 
+BESIDE_RATE = 2000.0  # impressions/s replayed while serving is measured beside the pipeline
+BESIDE_DELAYS = ClickDelays(shares=(0.9, 0.1), means_s=(2.0, 30.0))  # clicks within seconds (the demo's)
+
+
 def beside_pipeline(
     config: Any, url: str, bodies: list[bytes], rate: float, seconds: float, server_pid: int, log_dir: Path
 ) -> dict[str, Any]:
-    """/predict measured while `adstream join`, `adstream stream` and `adstream train` work on
-    synthetic impressions and clicks replayed at 2,000 impressions/s (the production shape on one
-    box, scoped as a demo run of its own); the server keeps serving the bench's model."""
-    from adstream.demo import DEMO_DELAYS, DEMO_EVENT_RATE, demo_config
-    from adstream.processes import cli_process, stop_process, write_toml
+    """/predict measured while the joiner, the Faust featurizer and the trainer (each its own
+    process, as `adstream join`, `stream` and `train` run them) work on synthetic impressions and
+    clicks replayed at BESIDE_RATE: the production shape on one box, in topics, groups and a
+    snapshot folder of its own; the server keeps serving the bench's model."""
     from stream.bundle import event_table
     from stream.clicks import interleave, split_clicks
+    from stream.joiner import run_joiner
 
-    config = demo_config(config, f"bench-serving-{uuid.uuid4().hex[:6]}")
-    schema = load_schema(config.stream.schema)
-    ensure_topics(config.kafka)
-    config_file = write_toml(config, Path(tempfile.mkdtemp()) / "adstream.toml")
-    events = int(2000 * (seconds + 40))
-    world, _ = SyntheticCriteo(schema, SyntheticConfig(seed=5)).generate(events)
-    split = split_clicks(event_table(world, schema), schema, np.random.default_rng(5), DEMO_DELAYS, DEMO_EVENT_RATE)
-    records = interleave(
-        [split], schema, config.kafka.impressions_topic, config.kafka.clicks_topic, config.kafka.partitions
+    scope = f"bench-beside-{uuid.uuid4().hex[:6]}"
+    work = Path(tempfile.mkdtemp(prefix=f"{scope}-"))
+    kafka = config.kafka.scoped(scope)
+    join = replace(
+        config.stream.join,
+        policy="fake_negative",
+        window_s=20.0,
+        allowed_lateness_s=2.0,
+        app_id=f"{scope}-joiner",
+        state_dir=str(work / "join"),
     )
-    producer = threading.Thread(target=replay, args=(records, config.kafka), kwargs={"rate": 2000.0, "progress": False})
+    stream = replace(config.stream, app_id=f"{scope}-featurizer", join=join)
+    trainer = replace(
+        config.trainer, group_id=f"{scope}-trainer", snapshot=replace(config.trainer.snapshot, dir=str(work / "snap"))
+    )
+    mlflow = replace(config.mlflow, experiment=f"{config.mlflow.experiment}-bench", model_name=f"{scope}-model")
+    schema = load_schema(stream.schema)
+    ensure_topics(kafka)
+    world, _ = SyntheticCriteo(schema, SyntheticConfig(seed=5)).generate(int(BESIDE_RATE * (seconds + 40)))
+    split = split_clicks(event_table(world, schema), schema, np.random.default_rng(5), BESIDE_DELAYS, 100.0)
+    records = interleave([split], schema, kafka.impressions_topic, kafka.clicks_topic, kafka.partitions)
+    producer = threading.Thread(target=replay, args=(records, kafka), kwargs={"rate": BESIDE_RATE, "progress": False})
+    context = multiprocessing.get_context("spawn")
     pipeline = [
-        cli_process(config_file, "join", log=log_dir / "beside-join.log"),
-        cli_process(config_file, "stream", log=log_dir / "beside-stream.log"),
-        cli_process(config_file, "train", log=log_dir / "beside-train.log"),
+        context.Process(target=run_joiner, args=(kafka, stream)),
+        context.Process(target=_worker_main, args=(kafka, stream, str(log_dir / "beside-stream.log"))),
+        context.Process(
+            target=_train_main, args=(stream.schema, kafka, trainer, mlflow, str(log_dir / "beside-train.log"))
+        ),
     ]
+    for p in pipeline:
+        p.start()
     try:
         producer.start()
         time.sleep(25)  # the three start, batches reach the trainer
-        alive = [p.poll() is None for p in pipeline]
+        alive = all(p.is_alive() for p in pipeline)
         out = measured(url, bodies, rate, seconds, server_pid)
-        out["pipeline_alive"] = alive and all(p.poll() is None for p in pipeline)
+        out["pipeline_alive"] = alive and all(p.is_alive() for p in pipeline)
     finally:
         for p in pipeline:
-            stop_process(p)
+            _stop(p)
         producer.join()
     return out
 
