@@ -130,7 +130,9 @@ async def _open_loop(url: str, bodies: list[bytes], rate: float, seconds: float,
     start = time.perf_counter() + 0.05  # not loop.time(): uvloop's clock ticks in whole ms
 
     async def one(i: int) -> None:
-        scheduled = start + i / rate
+        # from the scheduled time, or from now when the loop's sleep woke a little early (uvloop's
+        # timers tick in whole ms): a late send is charged to the server, an early one is not a gift
+        scheduled = max(start + i / rate, time.perf_counter())
         reused = idle.pop() if idle else None
         connection = reused if reused is not None and reused.transport is not None else _Connection()
         try:

@@ -64,8 +64,8 @@ def test_the_tail_shows_a_stalling_server_and_versions_are_read():
         stop()
     summary = load.summary()
     assert summary["sent"] == 200 and summary["failed"] == 0
-    assert summary["p50_ms"] < 15 <= 30 <= summary["max_ms"]  # the stalls are in the tail, not the median
-    assert 0.04 <= float(np.mean(load.latencies_ms >= 30)) <= 0.2
+    assert summary["p50_ms"] < 15 < 25 <= summary["max_ms"]  # the stalls are in the tail, not the median
+    assert 0.04 <= float(np.mean(load.latencies_ms >= 25)) <= 0.2  # 10 of 200 (timers round to ms)
     assert load.versions == ("1", "2") and load.cpu_s > 0
 
 
