@@ -18,6 +18,7 @@ from typing import Any
 
 from adstream.config import Config, as_dict
 from adstream.errors import CliError
+from common.processes import process_tree
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
@@ -57,24 +58,15 @@ def spawn(cmd: list[str], log_file: Path, pid_file: Path, env: dict[str, str] | 
 
 def tree_memory(pid: int) -> tuple[int, int]:
     """(processes, resident bytes) of a process and all its descendants, from /proc (Linux)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    count, rss = 0, 0
+    for member in process_tree(pid):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    count, rss, todo = 0, 0, [pid]
-    while todo:
-        current = todo.pop()
-        try:
-            status = Path(f"/proc/{current}/status").read_text()
+            status = Path(f"/proc/{member}/status").read_text()
         except OSError:
             continue
         count += 1
         line = next((x for x in status.splitlines() if x.startswith("VmRSS:")), "VmRSS: 0 kB")
         rss += int(line.split()[1]) * 1024
-        todo += children.get(current, [])
     return count, rss
 
 

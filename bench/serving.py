@@ -11,7 +11,8 @@
   or the baseline) runs on core 0 and the load generator on the others: in production the clients
   are other machines, and a generator sharing the server's core charges it for its own CPU. With
   serving.workers > 1 every process may run anywhere.
-- capacity: the single-event rate raised by 250 req/s a step until p99 passes 5 ms (twice).
+- capacity: the single-event rate raised from 500 req/s (by 250 while p99 <= 5 ms, by 500 after)
+  until the server saturates: the highest rate with p99 <= 5 ms, and where the cliff is.
 - hot swaps: the single-event load again while 3 new bases are published; p99 against the steady one.
 - beside the pipeline: the single-event load while `adstream join`, `stream` and `train` work on
   synthetic impressions and clicks on the same machine (the production shape on one box).
@@ -43,6 +44,7 @@ import torch
 
 from bench.http_load import Load, open_loop
 from bench.pipeline import _stop, _worker_main, redirect_output
+from common.processes import process_tree
 from serving.settings import ServingSettings
 from stream.clicks import ClickDelays
 from stream.replay import ReplayRecord, replay
@@ -356,23 +358,8 @@ def publish_bytes(schema: Schema, settings: TrainerSettings, rows: int, folder: 
 
 def _tree_cpu_s(pid: int) -> float:
     """CPU seconds (user + system) of a process and its descendants, from /proc (Linux)."""
-    parents: dict[int, list[int]] = {}
-    times: dict[int, float] = {}
     tick = os.sysconf("SC_CLK_TCK")
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        child = int(stat.parent.name)
-        parents.setdefault(int(fields[1]), []).append(child)
-        times[child] = (int(fields[11]) + int(fields[12])) / tick
-    total, todo = 0.0, [pid]
-    while todo:
-        current = todo.pop()
-        total += times.get(current, 0.0)
-        todo += parents.get(current, [])
-    return total
+    return sum(int(fields[11]) + int(fields[12]) for fields in process_tree(pid).values()) / tick
 
 
 def _busy_cpu_s() -> float:

@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent dies
 
@@ -44,3 +45,24 @@ def stop_requested() -> Callable[[], int]:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     return lambda: caught[0] if caught else 0
+
+
+def process_tree(pid: int) -> dict[int, list[str]]:
+    """A process and all its descendants: pid -> the fields of its /proc/PID/stat after the command
+    name (fields[0] is the state, fields[1] the parent, fields[11:13] user and system ticks). Linux."""
+    stats: dict[int, list[str]] = {}
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended meanwhile
+            continue
+        stats[int(stat.parent.name)] = fields
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = {}, [pid]
+    while todo:
+        current = todo.pop()
+        if current in stats:
+            tree[current] = stats[current]
+            todo += children.get(current, [])
+    return tree

@@ -205,14 +205,15 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> Predi
     holder = ModelHolder()
     token = settings.token or os.environ.get("ADSTREAM_SERVING_TOKEN", "")
 
+    def bearer_ok(authorization: str) -> bool:
+        """No token set, or the Authorization header carries it (compared in constant time)."""
+        return not token or hmac.compare_digest(authorization.encode(), f"Bearer {token}".encode())
+
     # the dependencies are `async def`: FastAPI runs a plain `def` dependency on its thread pool,
     # two thread hops per request that cost more than the prediction itself
     async def authorized(request: Request) -> None:
         """With a token set: 401 unless the request carries it (compared in constant time)."""
-        if not token:
-            return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        if not bearer_ok(request.headers.get("authorization", "")):
             REQUESTS.labels("401").inc()
             raise HTTPException(
                 status_code=401,
@@ -294,7 +295,7 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> Predi
     async def answer_predict(body: bytes | None, authorization: str) -> Answer:
         """What POST /predict answers for a body (None: over max_body_bytes) and an Authorization
         header: the one function behind the lane and the route."""
-        if token and not hmac.compare_digest(authorization.encode(), f"Bearer {token}".encode()):
+        if not bearer_ok(authorization):
             return _refused(401, TOKEN_DETAIL, [(b"www-authenticate", b"Bearer")])
         if body is None:
             return _refused(
@@ -326,8 +327,8 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> Predi
             ),
         )
 
-    # the route is what /docs shows (and what tests/test_serving_app.py pins the lane to); requests
-    # reach it only through the lane's delegate, which takes POST /predict itself (PredictLane)
+    # the route is what /docs shows; PredictLane takes every POST /predict before it reaches here,
+    # with the same answer_predict
     @app.post("/predict")
     async def predict(request: Request) -> Response:
         answer = await answer_predict(
@@ -368,16 +369,16 @@ async def _body_within(receive: Receive, declared: str, limit: int) -> bytes | N
     Content-Length, or while it streams in), before it is all read."""
     if declared.isdigit() and int(declared) > limit:
         return None
-    body = b""
+    body = bytearray()
     while True:
         message = await receive()
         if message["type"] != "http.request":  # the client went away
-            return body
+            return bytes(body)
         body += message.get("body", b"")
         if len(body) > limit:
             return None
         if not message.get("more_body", False):
-            return body
+            return bytes(body)
 
 
 @dataclass(frozen=True)

@@ -32,9 +32,8 @@ from store.table import EmbeddingTable, TableConfig
 from store.tier import Tier
 from stream.featurize import shared_ids
 from stream.schema import Schema
-from trainer.errors import SnapshotError
 from trainer.model import CtrModel
-from trainer.snapshot import Manifest, load_model, read_embeddings, read_manifest, rows_file, save_file
+from trainer.snapshot import Manifest, load_model, read_embeddings, read_manifest, rows_file, save_file, unreadable
 
 JOINED_ROWS = "serving-rows.safetensors"  # a sharded publication's rows joined, for the workers to map
 SAFETENSORS_DTYPES = {np.int64: "I64", np.float32: "F32"}
@@ -113,7 +112,7 @@ def shared_rows(path: str | Path, shards: int = 1) -> tuple[np.ndarray, torch.Te
         entry = header.get(name)
         begin, end = entry["data_offsets"] if entry is not None else (0, 0)
         if entry is None or entry["dtype"] != SAFETENSORS_DTYPES[dtype] or start + end > size:
-            raise _unreadable(file, f"no whole {name} of {SAFETENSORS_DTYPES[dtype]} in its {size} bytes")
+            raise unreadable(file, f"no whole {name} of {SAFETENSORS_DTYPES[dtype]} in its {size} bytes")
         shape = tuple(entry["shape"])
         mapped[name] = (
             np.memmap(file, dtype=dtype, mode="c", offset=start + begin, shape=shape)
@@ -131,11 +130,7 @@ def _safetensors_header(file: Path) -> tuple[dict[str, Any], int]:
             length = int.from_bytes(f.read(8), "little")
             return json.loads(f.read(length)), 8 + length
     except (OSError, ValueError) as exc:
-        raise _unreadable(file, str(exc)) from None
-
-
-def _unreadable(file: Path, why: str) -> SnapshotError:
-    return SnapshotError(f"snapshot {file.parent}: {file.name} is unreadable ({why}); refusing it")
+        raise unreadable(file, str(exc)) from None
 
 
 def apply_delta(served: ServedModel, path: str | Path) -> ServedModel:

@@ -259,7 +259,7 @@ def read_manifest(path: str | Path) -> Manifest:
     try:
         data = json.loads(file.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise SnapshotError(f"snapshot {file.parent}: {file.name} is unreadable ({exc}); refusing it") from None
+        raise unreadable(file, str(exc)) from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         found = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise SnapshotError(f"snapshot {path}: format {found!r}, this version reads {FORMAT!r}")
@@ -274,7 +274,12 @@ def _load(file: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(file))
     except Exception as exc:  # safetensors raises its own error type on a truncated or corrupt file
-        raise SnapshotError(f"snapshot {file.parent}: {file.name} is unreadable ({exc}); refusing it") from None
+        raise unreadable(file, str(exc)) from None
+
+
+def unreadable(file: Path, why: str) -> SnapshotError:
+    """The error for a snapshot file that cannot be read (missing, truncated, corrupt), naming it."""
+    return SnapshotError(f"snapshot {file.parent}: {file.name} is unreadable ({why}); refusing it")
 
 
 def read_embeddings(path: str | Path) -> dict[str, torch.Tensor]:
