@@ -146,3 +146,26 @@ def test_a_recovery_snapshot_leaves_out_rows_ttl_expired_in_rocksdb(schema, tmp_
     recent = trainer.table.tier.all_ids()
     assert not expired & ids and not expired & set(trainer.table.tier.rocks.all_ids().tolist())
     assert set(recent.tolist()) <= ids and len(ids) == len(recent)
+
+
+def test_a_delta_lands_in_one_servers_own_pages_never_in_the_file_another_maps(schema, tmp_path):
+    """Serving workers map one base file copy-on-write (serving/loader.py shared_rows): a delta
+    applied by one leaves the file, and what a second loader of the same folder serves, unchanged."""
+    import hashlib
+
+    trainer = trained_trainer(schema, 3)
+    base = publish_base(trainer, tmp_path)
+    before = trainer_predictions(trainer, schema)
+    rows_file = base / "embeddings.safetensors"
+    digest = hashlib.sha256(rows_file.read_bytes()).hexdigest()
+    first = load_served_model(base, "1", schema)
+    learn_more(trainer, schema, 150, 2)
+    delta, changed = publish_delta(trainer, tmp_path, trainer.step - 2, 1)
+    assert len(changed)  # the delta rewrites rows the base holds
+    first = apply_delta(first, delta)
+    second = load_served_model(base, "1", schema)  # another worker, loading the same folder now
+    np.testing.assert_allclose(
+        predict_events(first, probe_events(schema), schema), trainer_predictions(trainer, schema), rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(predict_events(second, probe_events(schema), schema), before, rtol=1e-5, atol=1e-6)
+    assert hashlib.sha256(rows_file.read_bytes()).hexdigest() == digest
