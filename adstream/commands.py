@@ -374,7 +374,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         serving = replace(serving, alias=args.alias)
     check_mlflow(config.mlflow.tracking_uri)
     with announce(config.stack.state_dir, "serve"):
-        run_server(serving, _schema(config), config.mlflow.tracking_uri, config.mlflow.model_name)
+        run_server(serving, _schema(config), config.mlflow.tracking_uri, config.mlflow.model_name, config.kafka)
 
 
 def cmd_predict(args: argparse.Namespace) -> None:

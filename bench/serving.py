@@ -81,14 +81,20 @@ def _pin_server() -> None:
 
 
 def _serve_main(
-    settings: ServingSettings, schema_path: str, tracking_uri: str, model_name: str, log: str, pin: bool = False
+    settings: ServingSettings,
+    schema_path: str,
+    tracking_uri: str,
+    model_name: str,
+    log: str,
+    pin: bool = False,
+    kafka: KafkaSettings | None = None,
 ) -> None:
     from serving.app import run_server
 
     redirect_output(log)
     if pin:
         _pin_server()
-    run_server(settings, load_schema(schema_path), tracking_uri, model_name)
+    run_server(settings, load_schema(schema_path), tracking_uri, model_name, kafka or KafkaSettings())
 
 
 def _train_main(

@@ -3,6 +3,12 @@
 POST /predict  one event object or a list of them (the Kafka JSON, label absent)
                -> {"model_version", "schema_hash", "predictions": [{"event_id", "ctr"}]}
                422 names the field: {"detail": [{"loc": ["body", index, field], "msg", "type"}]}
+               with serving.log_impressions, each scored event is logged as an impression on the
+               joiner's topic (serving/impressions.py); "shown": false (or ?shown=false) holds it
+               until POST /shown names it
+POST /shown    one or many {"impression_id", "propensity"?}: candidates really shown -> impressions
+               -> {"shown": n, "unknown": [ids not held: never scored here, expired, already shown]}
+POST /click    one or many {"impression_id", "ts"?}: clicks onto the joiner's clicks topic -> {"clicks": n}
 GET /healthz   liveness (200 while the process runs)
                (with serving.token set, /predict and /model need "Authorization: Bearer <token>": 401,
                and /docs, /openapi.json are off; a body over serving.max_body_bytes: 413)
@@ -52,14 +58,18 @@ from prometheus_client import (
 from starlette.types import Receive, Scope, Send
 
 from serving.batching import Batcher
+from serving.errors import ServingError
 from serving.follow import Follower
+from serving.impressions import PendingShows, ServedAs, impression_record, with_propensity
 from serving.loader import ServedModel, apply_delta, load_served_model
 from serving.predict import predict_events
 from serving.registry import MlflowRegistry
-from serving.request import Refusal, parse_predict_body
+from serving.request import Refusal, Scoring, parse_clicks, parse_predict_body, parse_shown
 from serving.settings import ServingSettings
 from stream.decode import event_from_mapping
+from stream.join_input import click_record
 from stream.schema import Schema
+from stream.settings import KafkaSettings
 
 log = logging.getLogger("adstream.serving")
 TOKEN_DETAIL = "missing or wrong bearer token: send 'Authorization: Bearer <serving.token>'"
@@ -88,6 +98,12 @@ SERVED = Gauge(
     ["field"],
     multiprocess_mode="mostrecent",
 )
+SHOWN = Counter(
+    "adstream_serving_shown_total",
+    "POST /shown ids: shown (logged as impressions) or unknown (never scored here, expired, already shown)",
+    ["outcome"],
+)
+CLICKS = Counter("adstream_serving_clicks_total", "clicks taken by POST /click (sent to the clicks topic)")
 MODEL_AGE = Gauge(
     "adstream_serving_model_age_seconds",
     "wall-clock time now minus the newest event time the served model learned (its freshness); -1 before a model",
@@ -201,9 +217,85 @@ def registry_fetch(tracking_uri: str, model_name: str, settings: ServingSettings
     return Follower(registry, load, apply_delta, drop)
 
 
-def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> PredictLane:
+class ImpressionLog:
+    """The loop's side of serving (serving.log_impressions): scored events out as impressions,
+    candidates held for POST /shown, clicks out; all through one KafkaOutbox (serving/outbox.py)."""
+
+    def __init__(self, settings: ServingSettings, kafka: KafkaSettings, schema: Schema) -> None:
+        from serving.outbox import KafkaOutbox
+
+        self.kafka, self.label = kafka, schema.label
+        self.outbox = KafkaOutbox(kafka.bootstrap, settings.log_queue, kafka.max_message_bytes)
+        self.pending = PendingShows(settings.max_pending, round(settings.shown_wait_s * 1000))
+        self.saved = Path(settings.cache_dir) / f"pending-{settings.port}"  # held candidates across a restart
+
+    def scored(self, served: ServedModel, scoring: Scoring, ctrs: list[float], now_ms: int) -> None:
+        how = ServedAs(served.version, served.manifest.step, served.manifest.sequence)
+        for item, shown, ctr, event in zip(scoring.items, scoring.shown, ctrs, scoring.events):
+            record = impression_record(item, self.label, how, ctr, now_ms)
+            if shown:
+                self.outbox.send(self.kafka.impressions_topic, event.event_id, record)
+            else:
+                self.pending.hold(event.event_id, record, now_ms)
+
+    def shown(self, ids: list[tuple[str, float | None]], now_ms: int) -> list[str]:
+        """Log the held candidates named; returns the ids not held."""
+        unknown = []
+        for impression_id, propensity in ids:
+            record = self.pending.take(impression_id, now_ms)
+            if record is None:
+                unknown.append(impression_id)
+                continue
+            if propensity is not None:
+                record = with_propensity(record, propensity)
+            self.outbox.send(self.kafka.impressions_topic, impression_id, record)
+        SHOWN.labels("shown").inc(len(ids) - len(unknown))
+        SHOWN.labels("unknown").inc(len(unknown))
+        return unknown
+
+    def clicked(self, clicks: list[tuple[str, int]]) -> None:
+        for impression_id, ts in clicks:
+            self.outbox.send(self.kafka.clicks_topic, impression_id, click_record(impression_id, ts))
+        CLICKS.inc(len(clicks))
+
+    def info(self) -> dict[str, Any]:
+        """What /model and `adstream status` say of the log."""
+        return {**self.outbox.stats(), "pending_shown": len(self.pending), "expired_unshown": self.pending.expired}
+
+    def restore(self, now_ms: int) -> None:
+        """Take back the candidates a stopped server held (every worker's: one claims each file)."""
+        for path in self.saved.parent.glob(f"{self.saved.name}-*.jsonl"):
+            mine = path.with_suffix(f".{os.getpid()}.claimed")
+            try:
+                path.rename(mine)
+            except OSError:  # another worker took it
+                continue
+            for line in mine.read_bytes().splitlines():
+                impression_id, deadline, record = orjson.loads(line)
+                self.pending.hold(impression_id, record.encode(), now_ms)
+                self.pending.restamp(impression_id, deadline)
+            mine.unlink()
+
+    def close(self, flush_s: float) -> None:
+        """SIGTERM: deliver what waits for Kafka, keep the held candidates for the next start."""
+        held = self.pending.items()
+        if held:
+            self.saved.parent.mkdir(parents=True, exist_ok=True)
+            lines = [orjson.dumps([i, deadline, record.decode()]) for i, deadline, record in held]
+            path = self.saved.parent / f"{self.saved.name}-{os.getpid()}.jsonl"
+            path.write_bytes(b"\n".join(lines))
+        self.outbox.close(flush_s)
+
+
+def create_app(
+    settings: ServingSettings, schema: Schema, fetch: Fetch, kafka: KafkaSettings | None = None
+) -> PredictLane:
+    """The server; with settings.log_impressions, `kafka` says where impressions and clicks go."""
     holder = ModelHolder()
     token = settings.token or os.environ.get("ADSTREAM_SERVING_TOKEN", "")
+    if settings.log_impressions and kafka is None:
+        raise ServingError("serving.log_impressions is on but no [kafka] settings were given to the server")
+    loop: list[ImpressionLog] = []  # the log, made at startup (each worker its own producer)
 
     def bearer_ok(authorization: str) -> bool:
         """No token set, or the Authorization header carries it (compared in constant time)."""
@@ -253,11 +345,17 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> Predi
         # numpy's BLAS (the scorer's products) too: its default thread per core spins between the
         # products of a 64-event request, ~25 ms of CPU a request taken from the other requests
         threadpoolctl.threadpool_limits(settings.threads, user_api="blas")
+        if settings.log_impressions:
+            assert kafka is not None
+            loop.append(ImpressionLog(settings, kafka, schema))
+            loop[0].restore(int(time.time() * 1000))
         await refresh()
         gc.freeze()  # what startup built (imports, the first model) is never scanned again: shorter GC pauses
         task = asyncio.create_task(poll())
         yield
         task.cancel()
+        if loop:
+            loop[0].close(settings.log_flush_s)
 
     # with a token, the API's description is not published either (a browser's docs page could not send the token)
     docs = {"docs_url": None, "redoc_url": None, "openapi_url": None} if token else {}
@@ -288,11 +386,11 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> Predi
     def model_info(h: ModelHolder = Depends(get_holder)) -> Response:
         if h.current is None:
             return JSONResponse({"detail": "no model loaded yet", "last_error": h.last_error}, status_code=503)
-        return JSONResponse(h.info())
+        return JSONResponse({**h.info(), "log": loop[0].info() if loop else None})
 
     batcher = Batcher(lambda served, events: predict_events(served, events, schema))
 
-    async def answer_predict(body: bytes | None, authorization: str) -> Answer:
+    async def answer_predict(body: bytes | None, authorization: str, shown: bool = True) -> Answer:
         """What POST /predict answers for a body (None: over max_body_bytes) and an Authorization
         header: the one function behind the lane and the route."""
         if not bearer_ok(authorization):
@@ -303,9 +401,11 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> Predi
                 f"request body over serving.max_body_bytes={settings.max_body_bytes}; "
                 f"send fewer events per request (at most serving.max_events={settings.max_events})",
             )
-        parsed = parse_predict_body(body, schema, settings.max_events, int(time.time() * 1000))
-        if isinstance(parsed, Refusal):
-            return _refused(parsed.status, parsed.detail)
+        now_ms = int(time.time() * 1000)
+        scoring = parse_predict_body(body, schema, settings.max_events, now_ms, shown)
+        if isinstance(scoring, Refusal):
+            return _refused(scoring.status, scoring.detail)
+        parsed = scoring.events
         served = holder.current  # read once: a swap during this request does not affect it
         if served is None:
             return _refused(503, "no model loaded yet; is a trainer publishing?")
@@ -314,6 +414,9 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> Predi
             ctrs = await batcher.predict(served, parsed)
         else:
             ctrs = await asyncio.to_thread(predict_events, served, parsed, schema)
+        returned = ctrs.tolist()  # the CTRs as the response says them: what is logged
+        if loop:
+            loop[0].scored(served, scoring, returned, now_ms)
         LATENCY.observe(time.perf_counter() - started)
         REQUESTS.labels("200").inc()
         return Answer(
@@ -322,7 +425,7 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> Predi
                 {
                     "model_version": served.version,
                     "schema_hash": served.manifest.schema_hash,
-                    "predictions": [{"event_id": e.event_id, "ctr": float(c)} for e, c in zip(parsed, ctrs.tolist())],
+                    "predictions": [{"event_id": e.event_id, "ctr": c} for e, c in zip(parsed, returned)],
                 }
             ),
         )
@@ -334,9 +437,35 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> Predi
         answer = await answer_predict(
             await _body_within(request.receive, request.headers.get("content-length", ""), settings.max_body_bytes),
             request.headers.get("authorization", ""),
+            request.query_params.get("shown", "true") != "false",
         )
         headers = {name.decode(): value.decode() for name, value in answer.headers}
         return Response(answer.body, answer.status, headers, media_type="application/json")
+
+    def log_or_409() -> ImpressionLog:
+        if not loop:
+            raise HTTPException(409, "serving.log_impressions is off: this server logs no impressions or clicks")
+        return loop[0]
+
+    @app.post("/shown", dependencies=[Depends(authorized)])
+    async def shown(request: Request) -> Response:
+        """Candidates scored with "shown": false that were shown: each logged as an impression."""
+        log_to = log_or_409()
+        ids = parse_shown(await request.body(), settings.max_events)
+        if isinstance(ids, Refusal):
+            return JSONResponse({"detail": ids.detail}, status_code=ids.status)
+        unknown = log_to.shown(ids, int(time.time() * 1000))
+        return JSONResponse({"shown": len(ids) - len(unknown), "unknown": unknown})
+
+    @app.post("/click", dependencies=[Depends(authorized)])
+    async def click(request: Request) -> Response:
+        """Clicks on impressions, onto the clicks topic the joiner reads (it counts a duplicate once)."""
+        log_to = log_or_409()
+        clicks = parse_clicks(await request.body(), int(time.time() * 1000), settings.max_events)
+        if isinstance(clicks, Refusal):
+            return JSONResponse({"detail": clicks.detail}, status_code=clicks.status)
+        log_to.clicked(clicks)
+        return JSONResponse({"clicks": len(clicks)})
 
     @app.get("/metrics")
     def metrics() -> Response:
@@ -346,7 +475,9 @@ def create_app(settings: ServingSettings, schema: Schema, fetch: Fetch) -> Predi
     return PredictLane(app, answer_predict, settings.max_body_bytes)
 
 
-def run_server(settings: ServingSettings, schema: Schema, tracking_uri: str, model_name: str) -> None:
+def run_server(
+    settings: ServingSettings, schema: Schema, tracking_uri: str, model_name: str, kafka: KafkaSettings
+) -> None:
     """Serve the registry's `model_name` (behind settings.alias) in the foreground until SIGINT/SIGTERM."""
     import uvicorn
 
@@ -359,9 +490,10 @@ def run_server(settings: ServingSettings, schema: Schema, tracking_uri: str, mod
     if settings.workers > 1:
         from serving.workers import serve_workers
 
-        return serve_workers(settings, schema, tracking_uri, model_name)
+        return serve_workers(settings, schema, tracking_uri, model_name, kafka)
     fetch = registry_fetch(tracking_uri, model_name, settings, schema)
-    uvicorn.run(create_app(settings, schema, fetch), host=settings.host, port=settings.port, log_level="warning")
+    app = create_app(settings, schema, fetch, kafka)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
 
 
 async def _body_within(receive: Receive, declared: str, limit: int) -> bytes | None:
@@ -401,7 +533,9 @@ class PredictLane:
     (py-spy, 500 req/s), as much as scoring one event; the lane calls the route's own
     `answer_predict`, so the two cannot answer differently."""
 
-    def __init__(self, app: FastAPI, answer: Callable[[bytes | None, str], Awaitable[Answer]], limit: int) -> None:
+    def __init__(
+        self, app: FastAPI, answer: Callable[[bytes | None, str, bool], Awaitable[Answer]], limit: int
+    ) -> None:
         self.app, self.answer, self.limit = app, answer, limit
         self.state = app.state
 
@@ -410,7 +544,8 @@ class PredictLane:
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
         body = await _body_within(receive, headers.get(b"content-length", b"").decode(), self.limit)
-        answer = await self.answer(body, headers.get(b"authorization", b"").decode("latin-1"))
+        shown = b"shown=false" not in scope.get("query_string", b"")
+        answer = await self.answer(body, headers.get(b"authorization", b"").decode("latin-1"), shown)
         length = str(len(answer.body)).encode()
         start = [(b"content-type", b"application/json"), (b"content-length", length), *answer.headers]
         await send({"type": "http.response.start", "status": answer.status, "headers": start})

@@ -23,9 +23,22 @@ class ServingSettings:
     # same table from the download cache (one copy in RAM); about one per core the server may use
     workers: int = at_least(1, 1)
     threads: int = at_least(1, 1)  # torch threads per request (1 keeps latency steady under concurrency)
+    # the closed loop (serving/impressions.py): every scored event becomes an impression on
+    # kafka.impressions_topic (the joiner's input), POST /click writes clicks to kafka.clicks_topic
+    log_impressions: bool = False
+    log_queue: int = at_least(
+        1, 100_000
+    )  # most records waiting for Kafka (an outage at 500 req/s: 200 s); past it dropped, counted
+    log_flush_s: float = at_least(0, 10.0)  # how long SIGTERM waits for the records still waiting for Kafka
+    shown_wait_s: float = at_least(
+        0.001, 300.0
+    )  # how long a candidate scored with "shown": false waits for POST /shown
+    max_pending: int = at_least(1, 200_000)  # most such candidates held at once (the oldest are forgotten first)
     # if set, /predict and /model need "Authorization: Bearer <token>" (/healthz and /metrics stay
     # open; /docs and /openapi.json are off); or set ADSTREAM_SERVING_TOKEN. Never logged, never in a repr.
     token: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         check_fields(self, "serving", ServingError)
+        if type(self.log_impressions) is not bool:
+            raise ServingError(f"config serving.log_impressions={self.log_impressions!r}: write true or false")

@@ -25,11 +25,14 @@ from typing import Any
 
 from serving.settings import ServingSettings
 from stream.schema import Schema
+from stream.settings import KafkaSettings
 
 RESTART_PAUSE_S = 1.0  # between a worker's death and its replacement (a crash loop stays slow)
 
 
-def serve_workers(settings: ServingSettings, schema: Schema, tracking_uri: str, model_name: str) -> None:
+def serve_workers(
+    settings: ServingSettings, schema: Schema, tracking_uri: str, model_name: str, kafka: KafkaSettings
+) -> None:
     """Run settings.workers servers on settings.host:port until SIGTERM or SIGINT."""
     listener = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -39,7 +42,7 @@ def serve_workers(settings: ServingSettings, schema: Schema, tracking_uri: str, 
     metrics_dir = tempfile.mkdtemp(prefix="prometheus-", dir=settings.cache_dir)
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # read by each worker's prometheus_client import
     context = multiprocessing.get_context("spawn")
-    args = (listener, settings, schema, tracking_uri, model_name)
+    args = (listener, settings, schema, tracking_uri, model_name, kafka)
     workers = [context.Process(target=_worker_main, args=args, name=f"serve-{i}") for i in range(settings.workers)]
     stopping = False
 
@@ -81,13 +84,18 @@ def _forget(metrics_dir: str, pid: int | None) -> None:
 
 
 def _worker_main(
-    listener: socket.socket, settings: ServingSettings, schema: Schema, tracking_uri: str, model_name: str
+    listener: socket.socket,
+    settings: ServingSettings,
+    schema: Schema,
+    tracking_uri: str,
+    model_name: str,
+    kafka: KafkaSettings,
 ) -> None:
     import uvicorn
 
     from serving.app import create_app, registry_fetch
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor stops the workers (SIGTERM)
-    app = create_app(settings, schema, registry_fetch(tracking_uri, model_name, settings, schema))
+    app = create_app(settings, schema, registry_fetch(tracking_uri, model_name, settings, schema), kafka)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     server.run(sockets=[listener])

@@ -51,6 +51,13 @@ def criteo_event(i: int = 0, **overrides: object) -> dict[str, object]:
     return event
 
 
+def unlabelled(i: int, **changes: object) -> dict[str, object]:
+    """criteo_event(i) as a request or an impression carries it: without its label."""
+    event = criteo_event(i, **changes)
+    event.pop("label")
+    return event
+
+
 def random_feature_batch(n: int, seed: int = 0) -> FeatureBatch:
     rng = np.random.default_rng(seed)
     return FeatureBatch(

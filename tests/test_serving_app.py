@@ -14,13 +14,7 @@ from serving.loader import load_served_model
 from serving.predict import predict_events
 from serving.settings import ServingSettings
 from stream.decode import event_from_mapping
-from tests.helpers import criteo_event, trained_trainer
-
-
-def unlabelled(i: int, **changes: object) -> dict[str, object]:
-    event = criteo_event(i, **changes)
-    event.pop("label")
-    return event
+from tests.helpers import criteo_event, trained_trainer, unlabelled
 
 
 @pytest.fixture

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from adstream import stack as local_stack
 from adstream.config import Config
-from adstream.processes import cli_process, stop_process, write_toml
+from adstream.processes import cli_process, pid_alive, port_open, stop_process, write_toml
 from trainer.group import free_port
 
 
@@ -43,4 +46,31 @@ def drain(bootstrap: str, topic: str, done: Callable[[list], bool], timeout_s: f
     return messages
 
 
-__all__ = ["drain", "free_port", "start_cli", "stop_process"]
+def restart_broker(config, down_s: float = 1.0) -> None:
+    """SIGKILL the test broker, wait until its port is closed, keep it down for down_s, start it
+    again on its own data."""
+    kill_broker(config)
+    time.sleep(down_s)
+    start_broker(config)
+
+
+def start_broker(config) -> None:
+    """Start the (killed) test broker again on its own data."""
+    local_stack.up(config.stack, config.kafka)
+
+
+def kill_broker(config) -> None:
+    state = Path(config.stack.state_dir)
+    pid = pid_alive(state / "kafka.pid")
+    assert pid, "the test broker is not running"
+    os.kill(pid, signal.SIGKILL)
+    try:  # the test session started the broker: reap it, or its zombie still looks alive to `up`
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+    deadline = time.monotonic() + 30
+    while port_open(config.stack.kafka_port) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+__all__ = ["drain", "free_port", "kill_broker", "restart_broker", "start_broker", "start_cli", "stop_process"]

@@ -17,14 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from adstream import stack as local_stack
-from adstream.processes import pid_alive, port_open
 from stream.batch_codec import decode_batch
 from stream.replay import replay, synthetic_records
 from stream.schema import load_schema
 from stream.synthetic import SyntheticCriteo
 from stream.topics import ensure_topics
-from tests.integration.helpers import drain, start_cli, stop_process
+from tests.integration.helpers import drain, restart_broker, start_cli, stop_process
 
 pytestmark = pytest.mark.integration
 EVENTS = 60_000
@@ -65,28 +63,6 @@ def test_replay_waits_out_a_broker_outage_with_every_event_once(isolated, tmp_pa
     ids = [m.key() for m in drain(kafka.bootstrap, kafka.events_topic, lambda m: len(m) >= events, 120, group)]
     assert len(set(ids)) == events  # every event
     assert topic_size(kafka) == events  # and nothing twice: the log holds exactly that many records
-
-
-def restart_broker(config, down_s: float = 1.0) -> None:
-    """SIGKILL the test broker, wait until its port is closed, keep it down for down_s, start it
-    again on its own data."""
-    kill_broker(config)
-    time.sleep(down_s)
-    local_stack.up(config.stack, config.kafka)
-
-
-def kill_broker(config) -> None:
-    state = Path(config.stack.state_dir)
-    pid = pid_alive(state / "kafka.pid")
-    assert pid, "the test broker is not running"
-    os.kill(pid, signal.SIGKILL)
-    try:  # the test session started the broker: reap it, or its zombie still looks alive to `up`
-        os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass
-    deadline = time.monotonic() + 30
-    while port_open(config.stack.kafka_port) and time.monotonic() < deadline:
-        time.sleep(0.1)
 
 
 def test_replay_resume_sends_only_what_the_topics_lack(isolated, tmp_path):
