@@ -15,6 +15,7 @@ from adstream.commands import (
     cmd_dlq,
     cmd_down,
     cmd_join,
+    cmd_judge,
     cmd_predict,
     cmd_replay,
     cmd_serve,
@@ -126,6 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int)
     p.add_argument("--alias", help="registry alias to serve ('latest' = highest version)")
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser(
+        "judge", help="score the served model on live traffic: its logged CTRs against the joined labels, per version"
+    )
+    p.add_argument(
+        "--offline", action="store_true", help="recompute once from the events topic as it is now, print JSON"
+    )
+    p.set_defaults(func=cmd_judge)
 
     p = sub.add_parser("predict", help="send event JSON (an object or a list) to the server")
     p.add_argument("event", help="event JSON, or - to read stdin")

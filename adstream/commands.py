@@ -377,6 +377,30 @@ def cmd_serve(args: argparse.Namespace) -> None:
         run_server(serving, _schema(config), config.mlflow.tracking_uri, config.mlflow.model_name, config.kafka)
 
 
+def cmd_judge(args: argparse.Namespace) -> None:
+    config = _config(args)
+    check_kafka(config.kafka.bootstrap)
+    schema = _schema(config)
+    if args.offline:
+        from serving.judge import topic_values
+        from serving.live import judged
+
+        values = topic_values(config.kafka.bootstrap, config.kafka.events_topic)
+        print(json.dumps(judged(values, schema.label, schema.event_id), indent=2))
+        return
+    from serving.judge import run_judge
+
+    with announce(config.stack.state_dir, "judge"):
+        run_judge(
+            schema,
+            config.kafka,
+            config.serving.judge,
+            config.mlflow.tracking_uri,
+            config.mlflow.model_name,
+            config.stream.join.policy,
+        )
+
+
 def cmd_predict(args: argparse.Namespace) -> None:
     import httpx
 

@@ -9,6 +9,21 @@ from serving.errors import ServingError
 
 
 @dataclass(frozen=True)
+class JudgeSettings:
+    """[serving.judge]: `adstream judge`, the served model scored on live traffic (serving/judge.py)."""
+
+    app_id: str = "adstream-judge"  # consumer group prefix (each start reads the events topic from its start)
+    metrics_port: int = at_least(0, 9400)  # Prometheus endpoint of the live figures; 0 = off
+    metrics_host: str = "127.0.0.1"  # interface it binds; "0.0.0.0" in a container
+    report_s: float = at_least(0.1, 10.0)  # how often the gauges, MLflow and the report file are updated
+    most_impressions: int = at_least(1, 5_000_000)  # impressions kept (~100 B each); past it the oldest versions go
+    report_file: str = ".state/judge.json"  # the newest report, for `adstream status` and `adstream simulate`
+
+    def __post_init__(self) -> None:
+        check_fields(self, "serving.judge", ServingError)
+
+
+@dataclass(frozen=True)
 class ServingSettings:
     host: str = "127.0.0.1"  # interface to bind
     port: int = at_least(1, 18000)  # HTTP port
@@ -34,6 +49,7 @@ class ServingSettings:
         0.001, 300.0
     )  # how long a candidate scored with "shown": false waits for POST /shown
     max_pending: int = at_least(1, 200_000)  # most such candidates held at once (the oldest are forgotten first)
+    judge: JudgeSettings = field(default_factory=JudgeSettings)  # [serving.judge]
     # if set, /predict and /model need "Authorization: Bearer <token>" (/healthz and /metrics stay
     # open; /docs and /openapi.json are off); or set ADSTREAM_SERVING_TOKEN. Never logged, never in a repr.
     token: str = field(default="", repr=False)
