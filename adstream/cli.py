@@ -19,6 +19,7 @@ from adstream.commands import (
     cmd_predict,
     cmd_replay,
     cmd_serve,
+    cmd_simulate,
     cmd_status,
     cmd_stream,
     cmd_topology,
@@ -165,6 +166,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=7, help="the synthetic world (the same seed, the same stream)")
     p.add_argument("--json", help="write a summary JSON here")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser(
+        "simulate",
+        help="the closed loop against a hidden ad world: an ad server scores candidates, shows one, posts clicks",
+    )
+    stack_flags(p)
+    p.add_argument("--seconds", type=float, default=300.0, help="how long the ad server runs")
+    p.add_argument("--rate", type=float, default=100.0, help="requests per second (each scores --candidates ads)")
+    p.add_argument("--candidates", type=int, default=10, help="ads scored per request; one is shown")
+    p.add_argument("--epsilon", type=float, default=0.1, help="chance of showing a uniform pick instead of the best")
+    p.add_argument("--seed", type=int, default=11, help="the world (same seed, same world and requests)")
+    p.add_argument(
+        "--restart-serving-at", type=float, metavar="S", help="SIGTERM the server S seconds in, start it again"
+    )
+    p.add_argument("--broker-outage-at", type=float, metavar="S", help="kill the broker S seconds in...")
+    p.add_argument("--outage-seconds", type=float, default=30.0, help="...and start it again after this long")
+    p.add_argument(
+        "--attach", action="store_true", help="only the ad server, against the pipeline running with this config"
+    )
+    p.add_argument("--url", help="--attach: the server's URL (default from [serving])")
+    p.add_argument("--json", help="write the report here (and a picture beside it, .png)")
+    p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("bench", help="benchmarks printing JSON (not tests)")
     p.add_argument("which", choices=["pipeline", "store", "merge", "accuracy", "serving", "step", "join"])

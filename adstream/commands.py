@@ -12,6 +12,7 @@ import signal
 import sys
 import time
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from adstream.config import Config, load_config
@@ -177,6 +178,32 @@ def _status_serving(config: Config) -> None:
     newest = info.get("newest_event_ms") or 0
     age = f", newest event learned {time.time() - newest / 1000:,.0f} s ago" if newest else ""
     print(f"serving: {url} version {info['model_version']} (step {info['step']}){age}")
+    log = info.get("log")
+    if log:
+        dropped = log["queue_full"] + log["failed"] + log["shutdown"]
+        print(
+            f"serving log: {log['delivered']:,} records delivered to Kafka, {log['waiting']:,} waiting, "
+            f"{dropped:,} dropped (queue full {log['queue_full']:,}, failed {log['failed']:,}, "
+            f"at shutdown {log['shutdown']:,}); {log['pending_shown']:,} candidates waiting for POST /shown"
+        )
+    _status_judge(config)
+
+
+def _status_judge(config: Config) -> None:
+    """The judge's newest report: the last served versions on live traffic."""
+    path = Path(config.serving.judge.report_file)
+    if not path.exists():
+        return
+    report = json.loads(path.read_text())
+    versions = sorted(report["versions"].items(), key=lambda kv: (len(kv[0]), kv[0]))[-3:]
+    age = time.time() - report["time_ms"] / 1000
+    for version, m in versions:
+        auc = "n/a" if m["auc"] is None else f"{m['auc']:.4f}"
+        print(
+            f"judge: version {version} (deltas {m['first_sequence']:.0f}-{m['last_sequence']:.0f}) on live traffic: "
+            f"{m['events']:,.0f} impressions, AUC {auc}, predicted CTR {m['mean_ctr']:.4f} vs observed "
+            f"{m['observed_ctr']:.4f} (report {age:,.0f} s old)"
+        )
 
 
 def cmd_replay(args: argparse.Namespace) -> None:
@@ -390,6 +417,8 @@ def cmd_judge(args: argparse.Namespace) -> None:
         return
     from serving.judge import run_judge
 
+    for stop in (signal.SIGTERM, signal.SIGINT):  # a stopped judge writes its last report
+        signal.signal(stop, _interrupt)
     with announce(config.stack.state_dir, "judge"):
         run_judge(
             schema,
@@ -482,6 +511,32 @@ def cmd_demo(args: argparse.Namespace) -> None:
     from adstream.demo import run_demo
 
     run_demo(_config(args), events=args.events, json_path=args.json, seed=args.seed)
+
+
+def cmd_simulate(args: argparse.Namespace) -> None:
+    from adstream.simulate import run_simulation
+
+    if args.rate <= 0 or args.seconds <= 0 or args.candidates < 1 or not 0 <= args.epsilon <= 1:
+        raise CliError("simulate: --rate and --seconds > 0, --candidates >= 1, --epsilon in [0, 1]")
+    result = run_simulation(
+        _config(args),
+        seconds=args.seconds,
+        rate=args.rate,
+        candidates=args.candidates,
+        epsilon=args.epsilon,
+        seed=args.seed,
+        restart_serving_at_s=args.restart_serving_at,
+        broker_outage_at_s=args.broker_outage_at,
+        outage_s=args.outage_seconds,
+        attach=args.attach,
+        url=args.url,
+        json_path=args.json,
+    )
+    shown = {k: v for k, v in result.items() if k not in ("over_time", "new_campaign", "judge")}
+    shown["new_campaign"] = {k: v for k, v in result["new_campaign"].items() if k != "series"}
+    print(json.dumps(shown, indent=2, default=float))
+    if not all(met for _, _, met in result["floors"].values()):
+        sys.exit(1)
 
 
 def _batch_sizes(text: str) -> tuple[int, ...]:

@@ -86,6 +86,39 @@ def wait_for_batches(kafka: KafkaSettings, timeout_s: float, logs: Path) -> None
     raise CliError(f"demo: no feature batch after {timeout_s:.0f}s; see {logs / 'join.log'} and {logs / 'stream.log'}")
 
 
+def close_the_loop(
+    url: str,
+    kafka: KafkaSettings,
+    schema: Any,
+    served: dict[str, Any],
+    events: list[dict[str, Any]],
+    timeout_s: float = 120,
+) -> dict[str, Any]:
+    """Post a click for each scored event the world labels 1, then wait until the joiner's output
+    holds every logged impression and those clicks; the served version's live figures from it."""
+    import httpx
+
+    from serving.judge import topic_values
+    from serving.live import judged
+
+    ids = [p["event_id"] for p in served["predictions"]]
+    clicks = [  # a second after its impression: inside the demo's window
+        {"impression_id": i, "ts": int(e[schema.timestamp]) + 1000} for i, e in zip(ids, events) if e[schema.label] == 1
+    ]
+    for start in range(0, len(clicks), 1000):
+        httpx.post(f"{url}/click", json=clicks[start : start + 1000], timeout=30).raise_for_status()
+    version = served["model_version"]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        figures = judged(topic_values(kafka.bootstrap, kafka.events_topic), schema.label, schema.event_id).get(version)
+        if figures and figures["events"] >= len(ids) and figures["clicks"] >= len(clicks):
+            break
+        if time.monotonic() > deadline:
+            raise CliError(f"demo: the joiner's output lacks the served impressions after {timeout_s:g}s: {figures}")
+        time.sleep(2)
+    return {"impressions": len(ids), "clicks": len(clicks), "version": version, **figures}
+
+
 def demo_config(config: Config, run: str) -> Config:
     """The demo's own scope for one run: topics, consumer groups and snapshot folder of its own, so
     a second demo on a running stack starts from nothing (it never resumes an earlier run's snapshot
@@ -125,7 +158,7 @@ def run_demo(
 
     start = time.perf_counter()
     config = demo_config(config, f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}")
-    print(f"[1/6] starting Kafka ({config.stack.bootstrap}) and MLflow ({config.stack.tracking_uri})", flush=True)
+    print(f"[1/7] starting Kafka ({config.stack.bootstrap}) and MLflow ({config.stack.tracking_uri})", flush=True)
     stack.up(config.stack, config.kafka)
     ensure_topics(config.kafka)
     state = Path(config.stack.state_dir).resolve()
@@ -134,13 +167,13 @@ def run_demo(
     config_file = write_toml(config, Path(tempfile.mkdtemp()) / "adstream.toml")
     schema = load_schema(config.stream.schema)
 
-    print("[2/6] starting the joiner (impressions + clicks -> labelled events) and the Faust featurizer", flush=True)
+    print("[2/7] starting the joiner (impressions + clicks -> labelled events) and the Faust featurizer", flush=True)
     joiner = cli_process(config_file, "join", log=logs / "join.log")
     featurizer = cli_process(config_file, "stream", log=logs / "stream.log")
     server = None
     try:
         kafka = config.kafka
-        print(f"[3/6] replaying {events} synthetic impressions and their delayed clicks", flush=True)
+        print(f"[3/7] replaying {events} synthetic impressions and their delayed clicks", flush=True)
         generator = SyntheticCriteo(schema, SyntheticConfig(seed=seed))  # the same world every run
         train_events, truth = generator.generate(events)
         labels = np.array([e[schema.label] for e in train_events])
@@ -151,7 +184,7 @@ def run_demo(
         replayed = replay(records, kafka, total=events)  # the bar counts impressions; clicks go beside them
         print(f"      {events} impressions, {replayed.clicks} clicks, {replayed.events_per_s:,.0f} impressions/s")
 
-        print("[4/6] training until every joined event is learned, publishing snapshots to MLflow", flush=True)
+        print("[4/7] training until every joined event is learned, publishing snapshots to MLflow", flush=True)
         # the joiner emits every impression and a positive copy per attributed click (how many
         # copies, a run's timing decides at the edges): learn until no batch came for IDLE_EXIT_S,
         # so every batches partition is read to its end, counting from the first batch
@@ -162,7 +195,7 @@ def run_demo(
         if summary.events < events:
             raise CliError(f"demo: trainer learned {summary.events} of {events} events; see {logs / 'stream.log'}")
 
-        print("[5/6] serving the new model version", flush=True)
+        print("[5/7] serving the new model version", flush=True)
         server = cli_process(config_file, "serve", log=logs / "serve.log")
         url = f"http://{config.serving.host}:{config.serving.port}"
         deadline = time.monotonic() + 120
@@ -171,7 +204,7 @@ def run_demo(
             time.sleep(1)  # an older version was live when the server started; it polls for ours
             info = wait_for_model(url, server, 120, logs / "serve.log")
 
-        print(f"[6/6] asking for predictions on {HOLDOUT_EVENTS:,} fresh events", flush=True)
+        print(f"[6/7] asking for predictions on {HOLDOUT_EVENTS:,} fresh events", flush=True)
         fresh, fresh_truth = generator.generate(HOLDOUT_EVENTS)
         requests = [{k: v for k, v in e.items() if k != schema.label} for e in fresh]
         response = httpx.post(f"{url}/predict", json=requests, timeout=30)
@@ -179,6 +212,9 @@ def run_demo(
         served = response.json()
         fresh_labels = np.array([e[schema.label] for e in fresh])
         fresh_ctrs = np.array([p["ctr"] for p in served["predictions"]])
+
+        print("[7/7] closing the loop: the scored events came back as impressions; their clicks follow", flush=True)
+        loop = close_the_loop(url, kafka, schema, served, fresh)
     finally:
         if server is not None:
             stop_process(server)
@@ -198,6 +234,7 @@ def run_demo(
         "predictions": [p["ctr"] for p in served["predictions"][:show]],
         "served_auc": auc_exact(fresh_labels, fresh_ctrs),  # the served model on HOLDOUT_EVENTS fresh events
         "served_ground_truth_auc": auc_exact(fresh_labels, fresh_truth),
+        "loop": loop,
         "mlflow_ui": config.mlflow.tracking_uri,
         "seed": seed,
         "events_topic": config.kafka.events_topic,
@@ -212,6 +249,11 @@ def run_demo(
     print(
         f"the served model on {HOLDOUT_EVENTS:,} fresh events: AUC {result['served_auc']:.4f} "
         f"(the generator's ground truth: {result['served_ground_truth_auc']:.4f})"
+    )
+    print(
+        f"the loop: {loop['impressions']:,} scored events logged as impressions, {loop['clicks']:,} clicks posted, "
+        f"joined by the joiner: the served version {loop['version']} on that live traffic: AUC {loop['auc']:.4f}, "
+        f"predicted CTR {loop['mean_ctr']:.4f} vs observed {loop['observed_ctr']:.4f} (`adstream judge` keeps this up)"
     )
     print(
         f"MLflow UI: {config.mlflow.tracking_uri}  (experiment '{config.mlflow.experiment}', "

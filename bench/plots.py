@@ -6,6 +6,8 @@
     merge:    AUC over the stream for k = 1, 16, 64 and sync at 4 and 8 workers; window AUC against bytes
     store:    rows/s of each store (the in-RAM table, the hierarchy cold, warm and serial)
     join:     AUC per policy and window, and the joiner's impressions/s
+    simulate: served AUC per version, shown vs optimal CTR, the new campaign, freshness (not a bench:
+              `adstream simulate --json PATH`)
 Other benchmarks draw nothing. Drawn from the JSON alone, with matplotlib's file backend.
 """
 
@@ -17,7 +19,14 @@ from typing import Any
 
 def plot_bench(which: str, result: dict[str, Any], png: Path) -> Path | None:
     """Draw `result` of bench `which` into `png`; None when the bench has no picture."""
-    draw = {"accuracy": _accuracy, "serving": _serving, "merge": _merge, "store": _store, "join": _join}.get(which)
+    draw = {
+        "accuracy": _accuracy,
+        "serving": _serving,
+        "merge": _merge,
+        "store": _store,
+        "join": _join,
+        "simulate": _simulate,
+    }.get(which)
     if draw is None:
         return None
     import matplotlib
@@ -125,4 +134,37 @@ def _join(plt: Any, result: dict[str, Any]) -> Any:
         [j["impressions_per_s"] for j in joiner],
     )
     right.set(ylabel="impressions/s", title="the joiner, one process")
+    return figure
+
+
+def _simulate(plt: Any, result: dict[str, Any]) -> Any:
+    figure, ((auc, ctr), (new, fresh)) = plt.subplots(2, 2, figsize=(11, 7))
+    versions = sorted(result["versions"].items(), key=lambda kv: kv[1]["from_s"])
+    starts = [v["from_s"] for _, v in versions]
+    auc.step(starts, [v["served_auc"] for _, v in versions], where="post", label="served (the world's clicks)")
+    auc.step(starts, [v["true_auc"] for _, v in versions], where="post", label="the true CTRs")
+    judge = result.get("judge", {}).get("versions", {})
+    joined = [(result["versions"][k]["from_s"], v["auc"]) for k, v in judge.items() if k in result["versions"]]
+    if joined:
+        auc.scatter(*zip(*sorted(joined)), s=12, color="k", label="judge (joined labels)")
+    auc.set(xlabel="seconds into the run", ylabel="AUC of the shown ads", title="each served version")
+    auc.legend(fontsize=7)
+    rows = result["over_time"]
+    t = [r["t_s"] for r in rows]
+    for key, label in (
+        ("optimal_true_ctr", "truth-optimal"),
+        ("shown_true_ctr", "shown"),
+        ("random_true_ctr", "random"),
+    ):
+        ctr.plot(t, [r[key] for r in rows], label=label)
+    ctr.set(xlabel="seconds into the run", ylabel="true CTR of the ad", title="what the ad server showed")
+    ctr.legend(fontsize=7)
+    series = result["new_campaign"]["series"]
+    new.plot([s["after_s"] for s in series], [s["served_ctr"] for s in series], label="served")
+    new.plot([s["after_s"] for s in series], [s["true_ctr"] for s in series], label="true")
+    new.set(xlabel="seconds after the launch", ylabel="mean CTR of its candidates", title="the new campaign")
+    new.legend(fontsize=7)
+    f = result["freshness"]
+    fresh.bar(["p50", "p99"], [f.get("p50_s", 0), f.get("p99_s", 0)])
+    fresh.set(ylabel="seconds", title="click posted -> a served version learned past it")
     return figure

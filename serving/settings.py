@@ -13,7 +13,7 @@ class JudgeSettings:
     """[serving.judge]: `adstream judge`, the served model scored on live traffic (serving/judge.py)."""
 
     app_id: str = "adstream-judge"  # consumer group prefix (each start reads the events topic from its start)
-    metrics_port: int = at_least(0, 9400)  # Prometheus endpoint of the live figures; 0 = off
+    metrics_port: int = at_least(0, 9500)  # Prometheus endpoint of the live figures; 0 = off
     metrics_host: str = "127.0.0.1"  # interface it binds; "0.0.0.0" in a container
     report_s: float = at_least(0.1, 10.0)  # how often the gauges, MLflow and the report file are updated
     most_impressions: int = at_least(1, 5_000_000)  # impressions kept (~100 B each); past it the oldest versions go
@@ -39,8 +39,9 @@ class ServingSettings:
     workers: int = at_least(1, 1)
     threads: int = at_least(1, 1)  # torch threads per request (1 keeps latency steady under concurrency)
     # the closed loop (serving/impressions.py): every scored event becomes an impression on
-    # kafka.impressions_topic (the joiner's input), POST /click writes clicks to kafka.clicks_topic
-    log_impressions: bool = False
+    # kafka.impressions_topic (the joiner's input), POST /click writes clicks to kafka.clicks_topic;
+    # off: /predict only scores (and /shown, /click answer 409)
+    log_impressions: bool = True
     log_queue: int = at_least(
         1, 100_000
     )  # most records waiting for Kafka (an outage at 500 req/s: 200 s); past it dropped, counted

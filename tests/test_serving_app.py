@@ -29,7 +29,7 @@ def make_client(schema, queue):
     def fetch(current):
         return queue.pop(0) if queue else None
 
-    settings = replace(ServingSettings(), poll_s=0.05)
+    settings = replace(ServingSettings(), log_impressions=False, poll_s=0.05)
     return TestClient(create_app(settings, schema, fetch))
 
 
@@ -107,7 +107,9 @@ def test_refresh_errors_keep_the_old_model(schema, snapshots):
             return snapshots[0]
         raise RuntimeError("registry down")
 
-    with TestClient(create_app(replace(ServingSettings(), poll_s=0.05), schema, fetch)) as client:
+    with TestClient(
+        create_app(replace(ServingSettings(), log_impressions=False, poll_s=0.05), schema, fetch)
+    ) as client:
         import time
 
         time.sleep(0.3)
@@ -131,7 +133,9 @@ def test_a_broken_publication_is_refused_and_the_last_model_keeps_serving(schema
         raise SnapshotError("snapshot /x: embeddings.safetensors is unreadable (truncated); refusing it")
 
     before = refused()
-    with TestClient(create_app(replace(ServingSettings(), poll_s=0.05), schema, fetch)) as client:
+    with TestClient(
+        create_app(replace(ServingSettings(), log_impressions=False, poll_s=0.05), schema, fetch)
+    ) as client:
         import time
 
         time.sleep(0.3)  # a few polls, each one refused
@@ -144,7 +148,7 @@ def test_a_broken_publication_is_refused_and_the_last_model_keeps_serving(schema
 
 
 def test_a_token_guards_predict_and_model_and_is_never_shown(schema, snapshots, caplog):
-    settings = replace(ServingSettings(), poll_s=0.05, token="s3cret-token")
+    settings = replace(ServingSettings(), log_impressions=False, poll_s=0.05, token="s3cret-token")
     assert "s3cret" not in repr(settings)
     queue = [snapshots[0]]
     with TestClient(create_app(settings, schema, lambda current: queue.pop(0) if queue else None)) as client:
@@ -164,7 +168,7 @@ def test_a_token_guards_predict_and_model_and_is_never_shown(schema, snapshots, 
 
 
 def test_a_body_over_the_limit_is_refused_with_413_naming_the_setting(schema, snapshots):
-    settings = replace(ServingSettings(), poll_s=0.05, max_body_bytes=4096)
+    settings = replace(ServingSettings(), log_impressions=False, poll_s=0.05, max_body_bytes=4096)
     queue = [snapshots[0]]
     with TestClient(create_app(settings, schema, lambda current: queue.pop(0) if queue else None)) as client:
         big = client.post("/predict", json=[unlabelled(i) for i in range(20)])  # ~20 KB

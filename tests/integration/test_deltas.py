@@ -183,7 +183,7 @@ def test_a_broken_delta_behind_a_good_one_or_a_new_base_is_reported_never_silent
     before = refused()
     settings = replace(settings, cache_dir=str(tmp_path / "app-cache"), poll_s=0.05)
     app_fetch = registry_fetch(isolated.mlflow.tracking_uri, isolated.mlflow.model_name, settings, schema)
-    with TestClient(create_app(settings, schema, app_fetch)) as client:
+    with TestClient(create_app(settings, schema, app_fetch, isolated.kafka)) as client:
         deadline = time.monotonic() + 30
         while refused() == before and time.monotonic() < deadline:
             time.sleep(0.05)
