@@ -116,7 +116,7 @@ def close_the_loop(
         if time.monotonic() > deadline:
             raise CliError(f"demo: the joiner's output lacks the served impressions after {timeout_s:g}s: {figures}")
         time.sleep(2)
-    return {"impressions": len(ids), "clicks": len(clicks), "version": version, **figures}
+    return {"impressions": len(ids), "clicks_posted": len(clicks), "version": version, **figures}
 
 
 def demo_config(config: Config, run: str) -> Config:
@@ -251,7 +251,7 @@ def run_demo(
         f"(the generator's ground truth: {result['served_ground_truth_auc']:.4f})"
     )
     print(
-        f"the loop: {loop['impressions']:,} scored events logged as impressions, {loop['clicks']:,} clicks posted, "
+        f"the loop: {loop['impressions']:,} scored events logged as impressions, {loop['clicks_posted']:,} clicks posted, "
         f"joined by the joiner: the served version {loop['version']} on that live traffic: AUC {loop['auc']:.4f}, "
         f"predicted CTR {loop['mean_ctr']:.4f} vs observed {loop['observed_ctr']:.4f} (`adstream judge` keeps this up)"
     )

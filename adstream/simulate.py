@@ -109,6 +109,7 @@ def run_simulation(
     attach: bool = False,
     url: str | None = None,
     json_path: str | None = None,
+    history_impressions: int = HISTORY,
 ) -> dict[str, Any]:
     from rich.console import Console
 
@@ -135,8 +136,8 @@ def run_simulation(
             say(f"simulate: joiner, featurizer, trainer, server and judge (logs in {logs})")
             for name in ("join", "stream", "train", "serve", "judge"):
                 processes[name] = cli_process(config_file, name, log=logs / f"{name}.log")
-            say(f"simulate: the world's history, {HISTORY:,} impressions shown at random, and their clicks")
-            history = _history(world, config, seed)
+            say(f"simulate: the world's history, {history_impressions:,} impressions shown at random, and their clicks")
+            history = _history(world, config, seed, history_impressions)
             wait_for_model(url, processes["serve"], 300, logs / "serve.log")
             if restart_serving_at_s is not None:
                 faults[restart_serving_at_s] = lambda: _restart_server(processes, config_file, logs, events)
@@ -230,7 +231,7 @@ def _run_with_progress(server: AdServer, seconds: float) -> Any:
         return server.run(seconds, lambda t: bar.update(task, completed=t))
 
 
-def _history(world: World, config: Config, seed: int) -> list[dict[str, Any]]:
+def _history(world: World, config: Config, seed: int, n: int) -> list[dict[str, Any]]:
     """The ad server's past before adstream: random ads shown, clicks after their delay, sent to
     the impressions and clicks topics; returns them as labelled events."""
     from confluent_kafka import Producer
@@ -241,8 +242,8 @@ def _history(world: World, config: Config, seed: int) -> list[dict[str, Any]]:
     producer = Producer({"bootstrap.servers": config.kafka.bootstrap, "partitioner": "murmur2_random", "linger.ms": 20})
     now = int(time.time() * 1000)
     clicks, labelled = [], []
-    for i in range(HISTORY):
-        ts = now - (HISTORY - i) * 3  # a minute of history
+    for i in range(n):
+        ts = now - (n - i) * 3  # a minute of history at the default size
         context = world.context(rng)
         ad = world.candidates(1, rng)
         impression_id = f"hist-{seed}-{i}"
@@ -274,6 +275,10 @@ def _broker_outage(config: Config, outage_s: float, events: dict[str, float]) ->
         return
     events["broker_killed_at"] = time.time()
     os.kill(pid, signal.SIGKILL)
+    try:  # a broker this process started (a test's): reap it, or its zombie still looks alive to `up`
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
     while port_open(config.stack.kafka_port):
         time.sleep(0.1)
     time.sleep(outage_s)

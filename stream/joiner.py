@@ -47,6 +47,7 @@ import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -63,14 +64,19 @@ from stream.outputs import RECORD_OVERHEAD, dead_letter
 from stream.partitioner import murmur2_partitions
 from stream.prometheus import serve_metrics
 from stream.records import RawRecord, Rejected
-from stream.retry import is_transient
+from stream.retry import StuckCall, finish_within, is_transient
 from stream.schema import Schema, load_schema
 from stream.settings import KafkaSettings, StreamSettings
 
 log = logging.getLogger("adstream.join")
+STUCK_MARGIN_S = 30.0  # a transactional call this far past its own timeout is stuck (librdkafka #5456)
 
 IMPRESSIONS = Counter("adstream_join_impressions_total", "impressions read")
 CLICKS = Counter("adstream_join_clicks_total", "clicks read")
+STUCK = Counter(
+    "adstream_join_stuck_producers_total",
+    "transactional producers replaced after a call blocked past its timeout (after a broker outage)",
+)
 EMITTED = Counter("adstream_join_emitted_total", "labelled events written", ["label"])
 LATE = Counter("adstream_join_late_clicks_total", "clicks after their impression's window")
 ORPHANS = Counter("adstream_join_orphan_clicks_total", "clicks no impression claimed (dead-lettered)")
@@ -135,7 +141,7 @@ class Joiner:
     """One joiner worker: its partitions' states, a read-committed consumer, a transactional producer."""
 
     def __init__(self, kafka: KafkaSettings, settings: StreamSettings, worker: int = 0, workers: int = 1) -> None:
-        from confluent_kafka import Consumer, Producer
+        from confluent_kafka import Consumer
 
         self.kafka, self.settings, self.join = kafka, settings, settings.join
         self.schema: Schema = load_schema(settings.schema)
@@ -156,22 +162,29 @@ class Joiner:
                 **quiet_logs(),
             }
         )
-        self.producer = Producer(
+        self.worker = worker
+        self.producer = self._new_producer()
+        self.partitions = self._my_partitions(worker, workers)
+        self.parts: dict[int, _Partition] = {}
+        self._warned_moves = False
+
+    def _new_producer(self) -> Any:
+        """The transactional producer (one transactional id per worker: a new one fences the old)."""
+        from confluent_kafka import Producer
+
+        return Producer(
             {
-                "bootstrap.servers": kafka.bootstrap,
-                "transactional.id": f"{self.join.app_id}-{worker}",
+                "bootstrap.servers": self.kafka.bootstrap,
+                "transactional.id": f"{self.join.app_id}-{self.worker}",
                 "enable.idempotence": True,
                 "acks": "all",
                 "linger.ms": 20,
                 "compression.type": "lz4",
-                "message.max.bytes": kafka.max_message_bytes,
+                "message.max.bytes": self.kafka.max_message_bytes,
                 "transaction.timeout.ms": 60_000,
                 **quiet_logs(),
             }
         )
-        self.partitions = self._my_partitions(worker, workers)
-        self.parts: dict[int, _Partition] = {}
-        self._warned_moves = False
 
     def _my_partitions(self, worker: int, workers: int) -> list[int]:
         from stream.errors import StreamError
@@ -197,7 +210,7 @@ class Joiner:
         """Fence any earlier instance, finish what a crash left unsent, and assign the partitions."""
         from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-        self.producer.init_transactions(60)  # aborts a predecessor's open transaction
+        self._init_transactions()  # aborts a predecessor's open transaction
         imp, clk = self.kafka.impressions_topic, self.kafka.clicks_topic
         committed = {
             (tp.topic, tp.partition): tp.offset
@@ -512,10 +525,20 @@ class Joiner:
                 for o in outputs:
                     self._produce(o)
                 if offsets:
-                    self.producer.send_offsets_to_transaction(offsets, self.consumer.consumer_group_metadata(), 60)
-                self.producer.commit_transaction(120)
+                    group = self.consumer.consumer_group_metadata()
+                    send = partial(self.producer.send_offsets_to_transaction, offsets, group, 30)
+                    finish_within(send, 30 + STUCK_MARGIN_S, "send_offsets_to_transaction")
+                finish_within(partial(self.producer.commit_transaction, 60), 60 + STUCK_MARGIN_S, "commit_transaction")
                 broker_back()
                 break
+            except StuckCall as exc:
+                # the old producer stays blocked; a new one with the same transactional id fences
+                # it, and its open transaction (this chunk's) is aborted: the chunk is sent again
+                log.warning("join: %s (librdkafka #5456); a new transactional producer sends the chunk again", exc)
+                STUCK.inc()
+                self.producer = self._new_producer()
+                self._init_transactions()
+                continue
             except KafkaException as exc:
                 error = exc.args[0]
                 if error.txn_requires_abort():
@@ -531,6 +554,20 @@ class Joiner:
             part.touched, part.outputs = False, []
         self._note_moved()
         self._report()
+
+    def _init_transactions(self) -> None:
+        """init_transactions, retried while the broker is away (it fences an earlier producer of ours)."""
+        from confluent_kafka import KafkaException
+
+        while True:
+            try:
+                self.producer.init_transactions(60)
+                return
+            except KafkaException as exc:
+                if not (exc.args[0].retriable() or is_transient(exc)):
+                    raise
+                log.warning("join: init_transactions failed (%s); retrying", exc.args[0])
+                time.sleep(1.0)
 
     def _note_moved(self) -> None:
         """Once the transaction with moved records committed: the offset by which each partition of

@@ -86,3 +86,35 @@ def retrying(
         if failures:
             log.warning("kafka: %s went through after %d retries", what, failures)
         return result
+
+
+class StuckCall(Exception):
+    """A Kafka client call that outlived its own timeout by far: the client is to be replaced."""
+
+
+def finish_within(call: Callable[[], T], seconds: float, what: str) -> T:
+    """call() on a helper thread; its result, or its exception, or StuckCall once `seconds` passed.
+
+    librdkafka's send_offsets_to_transaction ignores its timeout when the group coordinator went
+    away during the call (confluentinc/librdkafka#5456, open): after a broker outage it can block
+    for ever, and the joiner with it. The caller gives the call its own timeout plus a margin, and
+    on StuckCall abandons the client (the thread stays blocked in it) for a new one."""
+    import threading
+
+    box: dict[str, object] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box["result"] = call()
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=f"kafka-{what}", daemon=True).start()
+    if not done.wait(seconds):
+        raise StuckCall(f"kafka: {what} still blocked after {seconds:g} s")
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["result"]  # type: ignore[return-value]

@@ -10,7 +10,7 @@ import logging
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from stream.retry import is_transient, retrying
+from stream.retry import StuckCall, finish_within, is_transient, retrying
 from trainer.source import BatchSource
 
 log = logging.getLogger("test.retry")
@@ -96,3 +96,21 @@ def test_a_commit_refused_for_good_is_logged_and_left_to_the_next_snapshot(caplo
     with caplog.at_level(logging.ERROR, "adstream.trainer"):
         assert source_with(consumer).commit({0: 10}, give_up_s=0.3) is False
     assert consumer.committed == [] and "the snapshot holds them" in caplog.text
+
+
+def test_a_call_past_its_deadline_is_reported_stuck_others_answer_as_they_would():
+    """The joiner's guard around librdkafka's transactional calls (send_offsets_to_transaction can
+    ignore its timeout after a broker outage: librdkafka #5456): a call that does not return in
+    time is StuckCall, not a hang; a result or an error comes back as the call gave it."""
+    import threading
+    import time
+
+    release = threading.Event()
+    started = time.monotonic()
+    with pytest.raises(StuckCall, match="send_offsets_to_transaction still blocked after 0.2 s"):
+        finish_within(release.wait, 0.2, "send_offsets_to_transaction")
+    assert 0.2 <= time.monotonic() - started < 2.0
+    release.set()
+    assert finish_within(lambda: 42, 5.0, "commit") == 42
+    with pytest.raises(KafkaException):
+        finish_within(lambda: (_ for _ in ()).throw(KafkaException(KafkaError(KafkaError._TIMED_OUT))), 5.0, "x")

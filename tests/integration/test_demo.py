@@ -32,3 +32,7 @@ def test_the_demo_gives_the_same_honest_answer_twice(isolated, tmp_path):
     assert first["served_ground_truth_auc"] == second["served_ground_truth_auc"]
     assert abs(first["served_auc"] - second["served_auc"]) < 0.02
     assert first["model_version"] != second["model_version"]
+    for run in (first, second):  # the loop: what was served came back through the joiner, clicks and all
+        loop = run["loop"]
+        assert loop["events"] == loop["impressions"] == 5_000 and loop["clicks"] == loop["clicks_posted"] > 0
+        assert abs(loop["auc"] - run["served_auc"]) <= 1e-9  # judged on the joined labels == the demo's own
