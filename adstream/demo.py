@@ -251,9 +251,10 @@ def run_demo(
         f"(the generator's ground truth: {result['served_ground_truth_auc']:.4f})"
     )
     print(
-        f"the loop: {loop['impressions']:,} scored events logged as impressions, {loop['clicks_posted']:,} clicks posted, "
-        f"joined by the joiner: the served version {loop['version']} on that live traffic: AUC {loop['auc']:.4f}, "
-        f"predicted CTR {loop['mean_ctr']:.4f} vs observed {loop['observed_ctr']:.4f} (`adstream judge` keeps this up)"
+        f"the loop: {loop['impressions']:,} scored events logged as impressions, "
+        f"{loop['clicks_posted']:,} clicks posted, joined by the joiner: the served version {loop['version']} "
+        f"on that live traffic: AUC {loop['auc']:.4f}, predicted CTR {loop['mean_ctr']:.4f} "
+        f"vs observed {loop['observed_ctr']:.4f} (`adstream judge` keeps this up)"
     )
     print(
         f"MLflow UI: {config.mlflow.tracking_uri}  (experiment '{config.mlflow.experiment}', "

@@ -46,10 +46,8 @@ class ServingSettings:
         1, 100_000
     )  # most records waiting for Kafka (an outage at 500 req/s: 200 s); past it dropped, counted
     log_flush_s: float = at_least(0, 10.0)  # how long SIGTERM waits for the records still waiting for Kafka
-    shown_wait_s: float = at_least(
-        0.001, 300.0
-    )  # how long a candidate scored with "shown": false waits for POST /shown
-    max_pending: int = at_least(1, 200_000)  # most such candidates held at once (the oldest are forgotten first)
+    shown_wait_s: float = at_least(0.001, 60.0)  # how long a candidate scored "shown": false waits for POST /shown
+    max_pending: int = at_least(1, 100_000)  # most such candidates held at once (~1 KB each; the oldest go first)
     judge: JudgeSettings = field(default_factory=JudgeSettings)  # [serving.judge]
     # if set, /predict and /model need "Authorization: Bearer <token>" (/healthz and /metrics stay
     # open; /docs and /openapi.json are off); or set ADSTREAM_SERVING_TOKEN. Never logged, never in a repr.

@@ -536,24 +536,39 @@ class Joiner:
                 # it, and its open transaction (this chunk's) is aborted: the chunk is sent again
                 log.warning("join: %s (librdkafka #5456); a new transactional producer sends the chunk again", exc)
                 STUCK.inc()
-                self.producer = self._new_producer()
-                self._init_transactions()
+                self._new_transactions()
                 continue
             except KafkaException as exc:
                 error = exc.args[0]
-                if error.txn_requires_abort():
-                    self.producer.abort_transaction(60)
-                elif not (error.retriable() or is_transient(exc)):
+                if error.fatal() or not (error.retriable() or error.txn_requires_abort() or is_transient(exc)):
                     raise
                 if failures == 0:
                     log.warning("join: transaction failed (%s); retrying until the broker takes it", error)
                 failures += 1
                 time.sleep(backoff)
                 backoff = min(2 * backoff, 10.0)
+                self._leave_transaction()
         for part in touched.values():
             part.touched, part.outputs = False, []
         self._note_moved()
         self._report()
+
+    def _leave_transaction(self) -> None:
+        """After a failed try, the chunk's transaction is aborted before it is sent again (a retry
+        must not begin a transaction inside the open one); a producer that cannot abort (the broker
+        still away, or not in a transaction) is replaced, which aborts it too."""
+        from confluent_kafka import KafkaException
+
+        try:
+            finish_within(partial(self.producer.abort_transaction, 30), 30 + STUCK_MARGIN_S, "abort_transaction")
+        except (KafkaException, StuckCall) as exc:
+            log.warning("join: abort failed (%s); a new transactional producer takes over", exc)
+            self._new_transactions()
+
+    def _new_transactions(self) -> None:
+        """A new transactional producer of the same id: it fences the old and aborts its transaction."""
+        self.producer = self._new_producer()
+        self._init_transactions()
 
     def _init_transactions(self) -> None:
         """init_transactions, retried while the broker is away (it fences an earlier producer of ours)."""
