@@ -413,9 +413,42 @@ def logging_runs(
         runs = [measured(f"{url}/predict", bodies, rate, seconds, server.pid) for _ in range(3)]
         time.sleep(1.0)  # the last records' deliveries
         log = httpx.get(f"{url}/model", timeout=5).json()["log"]
+        killed = sigkill_loss(f"{url}/predict", bodies, rate, server.pid, kafka, log["delivered"])
     finally:
         _stop(server)
-    return {**sorted(runs, key=lambda r: r["p99_ms"])[1], **_spread(runs), "runs": runs, "log": log}
+    return {**sorted(runs, key=lambda r: r["p99_ms"])[1], **_spread(runs), "runs": runs, "log": log, **killed}
+
+
+def sigkill_loss(url: str, bodies: list[bytes], rate: float, pid: int, kafka: KafkaSettings, delivered: int) -> dict:
+    """What a SIGKILL under load loses: the server killed 1.5 s into a run at `rate`; the records
+    of every request it answered (each logged one impression before answering) against what the
+    impressions topic holds. `delivered`: the records it had delivered before this run."""
+    import signal
+    import threading
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    killer = threading.Timer(1.5, lambda: os.kill(pid, signal.SIGKILL))
+    killer.start()
+    load = open_loop(url, bodies, rate, 3.0, timeout_s=1.0)
+    killer.join()
+    answered = int((~np.isnan(load.latencies_ms)).sum())
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": "bench-sigkill"})
+    try:
+        partitions = (
+            consumer.list_topics(kafka.impressions_topic, timeout=30).topics[kafka.impressions_topic].partitions
+        )
+        held = sum(
+            consumer.get_watermark_offsets(TopicPartition(kafka.impressions_topic, p), timeout=30)[1]
+            for p in partitions
+        )
+    finally:
+        consumer.close()
+    return {
+        "sigkill_answered": answered,
+        "sigkill_records_lost": delivered + answered - held,  # answered, logged, never delivered
+        "sigkill_rate": rate,
+    }
 
 
 def measured(url: str, bodies: list[bytes], rate: float, seconds: float, server_pid: int) -> dict[str, Any]:

@@ -233,9 +233,16 @@ def report(trace: Trace, world: World, bucket_s: float = 10.0) -> dict[str, Any]
                     "clicks": int(sum(r.clicked for r in rows)),
                 }
             )
+    last = [s for s in shown if s.t_s >= 2 * t.max() / 3] if len(t) else []
     return {
         "impressions": len(shown),
         "clicks": int(sum(s.clicked for s in shown)),
+        # the last third of the run: the true CTR of what was shown, of the truth-optimal choice, of a random one
+        "last_third_ctr": {
+            "shown": float(np.mean([s.true_ctr for s in last])) if last else float("nan"),
+            "optimal": float(np.mean([s.best_true_ctr for s in last])) if last else float("nan"),
+            "random": float(np.mean([s.mean_true_ctr for s in last])) if last else float("nan"),
+        },
         "failed_requests": trace.failed_requests,
         "retried_posts": trace.retried_posts,
         "versions": per_version,
