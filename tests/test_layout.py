@@ -93,7 +93,15 @@ def test_compose_services_run_real_cli_commands():
         for s in services.values()
         if s.get("image") == "adstream:local" and "command" in s and s.get("entrypoint") is None
     ]
-    assert {s["command"][0] for s in adstream_services} == {"join", "stream", "train", "serve", "replay"}
+    assert {s["command"][0] for s in adstream_services} == {
+        "join",
+        "stream",
+        "train",
+        "serve",
+        "judge",
+        "replay",
+        "simulate",
+    }
     for service in adstream_services:
         assert service["command"][0] in commands
         build_parser().parse_args(service["command"])  # the flags exist too

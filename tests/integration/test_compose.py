@@ -132,7 +132,7 @@ def test_compose_stack_replays_trains_serves_and_resumes(stack_env, tmp_path):
     events = [{k: v for k, v in criteo_event(i).items() if k != "label"} for i in range(20)]
     port = free_port()
     # a download cache of its own (the product keys its cache by run and source too: test_serving_registry.py)
-    serving = {"port": port, "cache_dir": str(tmp_path / "serving-cache")}
+    serving = {"port": port, "cache_dir": str(tmp_path / "serving-cache"), "log_impressions": False}
     config = build_config({"mlflow": {"tracking_uri": MLFLOW}, "serving": serving})
     server, log = start_cli(config, tmp_path, "serve")
     try:
@@ -152,6 +152,12 @@ def test_compose_stack_replays_trains_serves_and_resumes(stack_env, tmp_path):
         theirs = [p["ctr"] for p in ctr_host.json()["predictions"]]
         assert ours == pytest.approx(theirs, abs=1e-6) and len(set(ours)) > 1
         assert ctr_container.json()["model_version"] == served["model_version"]
+        # the loop in compose: what the container scored went to the joiner's topic
+        until(
+            "the container's impressions logged",
+            lambda: httpx.get(f"{SERVING}/model", headers=auth, timeout=5).json()["log"]["delivered"] >= len(events),
+            60,
+        )
     finally:
         stop_process(server)
 
