@@ -206,6 +206,9 @@ def run_demo(
 
         print(f"[6/7] asking for predictions on {HOLDOUT_EVENTS:,} fresh events", flush=True)
         fresh, fresh_truth = generator.generate(HOLDOUT_EVENTS)
+        # served now: their impressions and clicks are live traffic, after the replayed log's event time
+        now_ms = int(time.time() * 1000)
+        fresh = [{**e, schema.timestamp: now_ms} for e in fresh]
         requests = [{k: v for k, v in e.items() if k != schema.label} for e in fresh]
         response = httpx.post(f"{url}/predict", json=requests, timeout=30)
         response.raise_for_status()
