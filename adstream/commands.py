@@ -180,10 +180,9 @@ def _status_serving(config: Config) -> None:
     print(f"serving: {url} version {info['model_version']} (step {info['step']}){age}")
     log = info.get("log")
     if log:
-        dropped = log["queue_full"] + log["failed"] + log["shutdown"]
         print(
             f"serving log: {log['delivered']:,} records delivered to Kafka, {log['waiting']:,} waiting, "
-            f"{dropped:,} dropped (queue full {log['queue_full']:,}, failed {log['failed']:,}, "
+            f"{log['dropped']:,} dropped (queue full {log['queue_full']:,}, failed {log['failed']:,}, "
             f"at shutdown {log['shutdown']:,}); {log['pending_shown']:,} candidates waiting for POST /shown"
         )
     _status_judge(config)

@@ -149,11 +149,10 @@ def run_simulation(
         server = AdServer(url, world, rate, candidates, epsilon, seed, token, faults)
         say(f"simulate: {rate:g} requests/s for {seconds:g}s, {candidates} candidates each, epsilon {epsilon}")
         trace = _run_with_progress(server, seconds)
-        records: list[bytes] = []
         found: dict[str, Any] = {"checked": False, "why": "the window policy emits after stream.join.window_s"}
         if config.stream.join.policy != "window":  # (under it, impressions come out when their window closes)
             say("simulate: waiting for the joiner's output to hold every impression and click")
-            found, records = _wait_for_output(trace, config, schema)
+            found = _wait_for_output(trace, config, schema)
         result: dict[str, Any] = {
             "run": run,
             "rate": rate,
@@ -166,7 +165,7 @@ def run_simulation(
             "losses": found,
         }
         result["served_log"] = _served_log(url, token)
-        result["judge"] = _judge_check(config, schema, records)
+        result["judge"] = _judge_check(config, schema)
         say("simulate: an oracle trainer fed the true labels at once, on the same impressions")
         oracle_settings = with_changes(config.trainer, {"optim.delayed_feedback": "none", "label_wait_s": 0.0})
         versions = result["versions"]
@@ -286,13 +285,13 @@ def _broker_outage(config: Config, outage_s: float, events: dict[str, float]) ->
     events["broker_back_at"] = time.time()
 
 
-def _wait_for_output(trace: Any, config: Config, schema: Any, timeout_s: float = 180.0) -> tuple[dict, list[bytes]]:
+def _wait_for_output(trace: Any, config: Config, schema: Any, timeout_s: float = 180.0) -> dict[str, int]:
     deadline = time.monotonic() + timeout_s
     while True:
         records = topic_values(config.kafka.bootstrap, config.kafka.events_topic)
         found = losses(trace, records, schema.label, schema.event_id)
         if (found["impressions_lost"] == 0 and found["clicks_lost"] == 0) or time.monotonic() > deadline:
-            return found, records
+            return found
         time.sleep(5)
 
 
@@ -305,13 +304,12 @@ def _served_log(url: str, token: str) -> dict[str, Any]:
         log = httpx.get(f"{url}/model", timeout=5, headers=headers).json().get("log")
     except httpx.HTTPError:
         log = None
-    if not log:
-        return {"dropped": None}
-    return {**log, "dropped": log.get("queue_full", 0) + log.get("failed", 0) + log.get("shutdown", 0)}
+    return log or {"dropped": None}
 
 
-def _judge_check(config: Config, schema: Any, records: list[bytes]) -> dict[str, Any]:
-    """The judge's last report against the offline recomputation from the same topic."""
+def _judge_check(config: Config, schema: Any) -> dict[str, Any]:
+    """The judge's last report against the offline recomputation from the topic, read again once
+    the judge has had time to read it whole."""
     time.sleep(config.serving.judge.report_s * 2)  # the judge has read what we read
     path = Path(config.serving.judge.report_file)
     if not path.exists():

@@ -93,7 +93,7 @@ class AdServer:
             while (t := time.monotonic() - start) < seconds:
                 while self.faults and self.faults[0][0] <= t:
                     threading.Thread(target=self.faults.pop(0)[1], daemon=True).start()
-                self._post_due_clicks(final=False)
+                self._post_due_clicks()
                 self._one_request(n, t)
                 n += 1
                 progress(t)
@@ -101,7 +101,7 @@ class AdServer:
                 if pause > 0:
                     time.sleep(pause)
             while self._due:  # every click the world decided is posted
-                self._post_due_clicks(final=False)
+                self._post_due_clicks()
                 time.sleep(0.1)
         finally:
             self._stop.set()
@@ -159,10 +159,10 @@ class AdServer:
             now = time.time()
             heapq.heappush(self._due, (now + delay, ids[chosen], int((now + delay) * 1000)))
 
-    def _post_due_clicks(self, final: bool) -> None:
+    def _post_due_clicks(self) -> None:
         now = time.time()
         batch = []
-        while self._due and (final or self._due[0][0] <= now):
+        while self._due and self._due[0][0] <= now:
             _, impression_id, ts = heapq.heappop(self._due)
             batch.append({"impression_id": impression_id, "ts": ts})
         if batch:

@@ -272,8 +272,7 @@ class ImpressionLog:
                 continue
             for line in mine.read_bytes().splitlines():
                 impression_id, deadline, record = orjson.loads(line)
-                self.pending.hold(impression_id, record.encode(), now_ms)
-                self.pending.restamp(impression_id, deadline)
+                self.pending.hold(impression_id, record.encode(), now_ms, deadline)
             mine.unlink()
 
     def close(self, flush_s: float) -> None:

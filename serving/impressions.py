@@ -65,9 +65,10 @@ class PendingShows:
         self._held: OrderedDict[str, tuple[int, bytes]] = OrderedDict()  # id -> (deadline ms, record)
         self.expired = 0  # held candidates forgotten: never shown in time, or pushed out by newer ones
 
-    def hold(self, impression_id: str, record: bytes, now_ms: int) -> None:
+    def hold(self, impression_id: str, record: bytes, now_ms: int, deadline_ms: int | None = None) -> None:
+        """Hold a candidate until now + wait_ms (or the deadline it had before a restart)."""
         self._held.pop(impression_id, None)
-        self._held[impression_id] = (now_ms + self.wait_ms, record)
+        self._held[impression_id] = (now_ms + self.wait_ms if deadline_ms is None else deadline_ms, record)
         self.expire(now_ms)
         while len(self._held) > self.most:
             self._held.popitem(last=False)
@@ -86,10 +87,6 @@ class PendingShows:
     def items(self) -> list[tuple[str, int, bytes]]:
         """(id, deadline ms, record) of every held candidate, oldest first (kept across a restart)."""
         return [(i, deadline, record) for i, (deadline, record) in self._held.items()]
-
-    def restamp(self, impression_id: str, deadline_ms: int) -> None:
-        """Give a held candidate back the deadline it had before a restart."""
-        self._held[impression_id] = (deadline_ms, self._held[impression_id][1])
 
     def expire(self, now_ms: int) -> None:
         while self._held:

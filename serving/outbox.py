@@ -77,9 +77,10 @@ class KafkaOutbox:
         return True
 
     def stats(self) -> dict[str, int]:
-        """Records sent, delivered, dropped (by reason) and waiting in the queue now."""
+        """Records sent, delivered, dropped (by reason and in all) and waiting in the queue now."""
         with self._lock:
-            return {**self.counts, "waiting": len(self._producer)}
+            dropped = self.counts["queue_full"] + self.counts["failed"] + self.counts["shutdown"]
+            return {**self.counts, "dropped": dropped, "waiting": len(self._producer)}
 
     def close(self, timeout_s: float) -> int:
         """Deliver what is queued (at most timeout_s); returns the records dropped at shutdown."""

@@ -43,6 +43,7 @@ every window once all inputs are read to their end and nothing came for S second
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections import defaultdict
@@ -64,7 +65,7 @@ from stream.outputs import RECORD_OVERHEAD, dead_letter
 from stream.partitioner import murmur2_partitions
 from stream.prometheus import serve_metrics
 from stream.records import RawRecord, Rejected
-from stream.retry import StuckCall, finish_within, is_transient
+from stream.retry import StuckCall, finish_within, is_transient, retrying
 from stream.schema import Schema, load_schema
 from stream.settings import KafkaSettings, StreamSettings
 
@@ -540,7 +541,7 @@ class Joiner:
                 continue
             except KafkaException as exc:
                 error = exc.args[0]
-                if error.fatal() or not (error.retriable() or error.txn_requires_abort() or is_transient(exc)):
+                if error.fatal() or not (error.txn_requires_abort() or is_transient(exc)):
                     raise
                 if failures == 0:
                     log.warning("join: transaction failed (%s); retrying until the broker takes it", error)
@@ -572,17 +573,7 @@ class Joiner:
 
     def _init_transactions(self) -> None:
         """init_transactions, retried while the broker is away (it fences an earlier producer of ours)."""
-        from confluent_kafka import KafkaException
-
-        while True:
-            try:
-                self.producer.init_transactions(60)
-                return
-            except KafkaException as exc:
-                if not (exc.args[0].retriable() or is_transient(exc)):
-                    raise
-                log.warning("join: init_transactions failed (%s); retrying", exc.args[0])
-                time.sleep(1.0)
+        retrying(partial(self.producer.init_transactions, 60), "init_transactions", log, give_up_s=math.inf)
 
     def _note_moved(self) -> None:
         """Once the transaction with moved records committed: the offset by which each partition of

@@ -10,6 +10,7 @@ the featurizer (aiokafka's errors, through Faust).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -78,7 +79,8 @@ def retrying(
             if not is_transient(exc) or time.monotonic() + backoff > deadline:
                 raise
             if failures == 0:
-                log.warning("kafka: %s failed (%s); retrying for up to %.0fs", what, exc, give_up_s)
+                until = "until it goes through" if math.isinf(give_up_s) else f"for up to {give_up_s:.0f}s"
+                log.warning("kafka: %s failed (%s); retrying %s", what, exc, until)
             failures += 1
             sleep(backoff)
             backoff = min(backoff * 2, max_backoff_s)
