@@ -27,6 +27,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -550,6 +551,7 @@ def beside_pipeline(
         for p in pipeline:
             _stop(p)
         producer.join()
+        shutil.rmtree(work, ignore_errors=True)
     return out
 
 
@@ -688,6 +690,7 @@ def run_serving_bench(
         log_dir,
         seconds=fresh_s,
     )
+    shutil.rmtree(work, ignore_errors=True)  # models, caches and snapshots: hundreds of MB a run
     result["targets"] = check_targets(result)
     return result
 
