@@ -65,7 +65,7 @@ def _schema(config: Config) -> Schema:
 
 def cmd_up(args: argparse.Namespace) -> None:
     from adstream import stack
-    from stream.topics import ensure_topics
+    from stream.kafka.topics import ensure_topics
 
     config = _config(args)
     stack.up(config.stack, config.kafka)
@@ -113,8 +113,8 @@ def cmd_status(args: argparse.Namespace) -> None:
 
 def _status_kafka(config: Config) -> None:
     from adstream.running import consumer_lags
-    from stream.dead_letters import read_dead_letters
     from stream.errors import StreamError
+    from stream.kafka.dead_letters import read_dead_letters
 
     kafka = config.kafka
     groups = {
@@ -206,9 +206,9 @@ def _status_judge(config: Config) -> None:
 
 
 def cmd_replay(args: argparse.Namespace) -> None:
-    from stream.replay import log_records, replay, synthetic_records
-    from stream.synthetic import SyntheticConfig, SyntheticCriteo
-    from stream.topics import ensure_topics
+    from stream.kafka.topics import ensure_topics
+    from stream.produce.replay import log_records, replay, synthetic_records
+    from stream.produce.synthetic import SyntheticConfig, SyntheticCriteo
 
     config = _config(args)
     schema = _schema(config)
@@ -237,7 +237,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
         raise CliError("replay: give log file(s) (laid out as the schema's [source] says) or --synthetic N")
     skip = None
     if args.resume:
-        from stream.replay import held_keys
+        from stream.produce.replay import held_keys
 
         skip = held_keys(config.kafka, [config.kafka.events_topic, config.kafka.dlq_topic])
         print(f"resume: the topics hold {len(skip)} record keys; those are skipped", file=sys.stderr)
@@ -249,11 +249,11 @@ def _impressions_and_clicks(args: argparse.Namespace, config: Config, schema: Sc
     """replay --clicks: the labelled rows (synthetic or a log) as impressions + delayed clicks."""
     import numpy as np
 
-    from stream.bundle import event_table
-    from stream.clicks import Split, interleave, split_clicks
-    from stream.logs import read_log
-    from stream.replay import ReplayRecord
-    from stream.synthetic import SyntheticConfig, SyntheticCriteo
+    from stream.formats.arrow import event_table
+    from stream.produce.clicks import Split, interleave, split_clicks
+    from stream.produce.logs import read_log
+    from stream.produce.replay import ReplayRecord
+    from stream.produce.synthetic import SyntheticConfig, SyntheticCriteo
 
     rng = np.random.default_rng(args.seed + 101)
     join = config.stream.join
@@ -307,7 +307,7 @@ def _partitions(config: Config, topic: str) -> int:
 
 def _start(args: argparse.Namespace, done: int) -> int | None:
     """The event time of row `done` under --event-rate (rows of every block on one clock)."""
-    from stream.synthetic import SyntheticConfig
+    from stream.produce.synthetic import SyntheticConfig
 
     if args.event_rate is None:
         return None
@@ -315,7 +315,7 @@ def _start(args: argparse.Namespace, done: int) -> int | None:
 
 
 def cmd_join(args: argparse.Namespace) -> None:
-    from stream.joiner import run_joiners
+    from stream.join.joiner import run_joiners
 
     config = _config(args)
     if args.workers < 1:
@@ -329,7 +329,7 @@ def cmd_join(args: argparse.Namespace) -> None:
 
 
 def cmd_stream(args: argparse.Namespace) -> None:
-    from stream.app import run_worker, run_workers
+    from stream.featurizer.app import run_worker, run_workers
 
     config = _config(args)
     workers = args.workers or config.stream.workers
@@ -452,8 +452,8 @@ def cmd_predict(args: argparse.Namespace) -> None:
 
 def cmd_dlq(args: argparse.Namespace) -> None:
     """The dead-letter topic: counts by reason, then the newest letters (one line each, or JSON lines)."""
-    from stream.dead_letters import read_dead_letters
     from stream.errors import StreamError
+    from stream.kafka.dead_letters import read_dead_letters
 
     config = _config(args)
     check_kafka(config.kafka.bootstrap)

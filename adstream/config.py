@@ -1,6 +1,6 @@
 """One config for every component, from an optional TOML file plus `--set section.key=value` flags.
 
-    [stack]   adstream.settings.StackSettings     [kafka]    stream.settings.KafkaSettings
+    [stack]   adstream.settings.StackSettings     [kafka]    stream.kafka.settings.KafkaSettings
     [stream]  stream.settings.StreamSettings    [trainer]  trainer.settings.TrainerSettings
     [mlflow]  trainer.settings.MlflowSettings   [serving]  serving.settings.ServingSettings
     [trainer.model], [trainer.optim], [trainer.store], [trainer.snapshot], [trainer.group]: the
@@ -22,7 +22,9 @@ from typing import Any
 from adstream.errors import CliError
 from adstream.settings import StackSettings
 from serving.settings import ServingSettings
-from stream.settings import KafkaSettings, StreamSettings
+from stream.join.policy import check_delayed_feedback
+from stream.kafka.settings import KafkaSettings
+from stream.settings import StreamSettings
 from trainer.settings import MlflowSettings, TrainerSettings
 
 SECTIONS: dict[str, type] = {
@@ -43,6 +45,10 @@ class Config:
     trainer: TrainerSettings = field(default_factory=TrainerSettings)
     mlflow: MlflowSettings = field(default_factory=MlflowSettings)
     serving: ServingSettings = field(default_factory=ServingSettings)
+
+    def __post_init__(self) -> None:
+        # the joiner and the trainer run apart, but one config: its policy's labels need their loss
+        check_delayed_feedback(self.stream.join.policy, self.trainer.optim.delayed_feedback)
 
 
 def _coerce(section: str, key: str, value: Any, default: Any) -> Any:

@@ -28,13 +28,13 @@ from adstream.config import Config
 from adstream.errors import CliError
 from adstream.processes import cli_process, stop_process, write_toml
 from common.checks import with_changes
-from stream.bundle import event_table
-from stream.clicks import ClickDelays, interleave, split_clicks
-from stream.replay import replay
+from stream.formats.arrow import event_table
+from stream.kafka.settings import KafkaSettings
+from stream.kafka.topics import ensure_topics
+from stream.produce.clicks import ClickDelays, interleave, split_clicks
+from stream.produce.replay import replay
+from stream.produce.synthetic import SyntheticConfig, SyntheticCriteo
 from stream.schema import load_schema
-from stream.settings import KafkaSettings
-from stream.synthetic import SyntheticConfig, SyntheticCriteo
-from stream.topics import ensure_topics
 from trainer.loop import run_training
 from trainer.metrics import auc_exact
 

@@ -65,7 +65,7 @@ def check_mlflow(tracking_uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
 def check_log_schema(paths: list[str], schema: Schema) -> None:
     """The first block of the first log reads under `schema`; when none of its rows does, name a
     bundled schema it reads under (a wrong --set stream.schema used to replay 0 events, exit 0)."""
-    from stream.logs import read_log
+    from stream.produce.logs import read_log
     from stream.schema import SCHEMA_DIR, load_schema
 
     files = [p for p in paths if Path(p).is_file()]

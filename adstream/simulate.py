@@ -39,8 +39,8 @@ from bench.world import World, WorldConfig
 from common.checks import with_changes
 from serving.judge import topic_values
 from serving.live import judged
+from stream.kafka.topics import ensure_topics
 from stream.schema import load_schema
-from stream.topics import ensure_topics
 from trainer.group import free_port
 
 WINDOW_S, LATENESS_S = 120.0, 5.0  # the simulation's attribution window: every delay of the world fits
@@ -235,7 +235,7 @@ def _history(world: World, config: Config, seed: int, n: int) -> list[dict[str, 
     the impressions and clicks topics; returns them as labelled events."""
     from confluent_kafka import Producer
 
-    from stream.join_input import click_record
+    from stream.formats.clicks import click_record
 
     rng = np.random.default_rng(seed + 7)
     producer = Producer({"bootstrap.servers": config.kafka.bootstrap, "partitioner": "murmur2_random", "linger.ms": 20})

@@ -16,7 +16,7 @@ from pathlib import Path
 from adstream.errors import CliError
 from adstream.processes import pid_alive, port_open, spawn, stop_pid_file, wait_until
 from adstream.settings import StackSettings
-from stream.settings import KafkaSettings
+from stream.kafka.settings import KafkaSettings
 
 KAFKA_VERSION = "4.1.1"
 POM = Path(__file__).parent / "kafka" / "pom.xml"

@@ -28,11 +28,11 @@ from rich.progress import Progress
 from bench.baseline import PlainTorch, baseline_config, online_lr
 from bench.pipeline import criteo_files
 from common.checks import flat_fields, with_changes
-from stream.ingest import featurize_records
+from stream.featurizer.ingest import featurize_records
+from stream.produce.replay import log_records, synthetic_records
+from stream.produce.synthetic import SyntheticConfig, SyntheticCriteo
 from stream.records import FeatureBatch, RawRecord
-from stream.replay import log_records, synthetic_records
 from stream.schema import Schema
-from stream.synthetic import SyntheticConfig, SyntheticCriteo
 from trainer.batch import batch_from_features
 from trainer.configs import model_config
 from trainer.metrics import auc_exact, ece, logloss

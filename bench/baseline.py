@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from store.hashing import GOLDEN
-from stream.featurize import missing_id
+from stream.featurizer.featurize import missing_id
 from stream.records import FeatureBatch
 from trainer.batch import Batch
 from trainer.model import CtrModel, ModelConfig

@@ -2,8 +2,8 @@
 and what the joiner costs in time and state. JSON; ends with a `targets` block.
 
 In process (no Kafka): the drifting synthetic stream, each impression at `rate` per event-time
-second with a click delay drawn from stream.clicks.ClickDelays for each positive, joined by
-stream/join.py's Cursor at windows of 5 and 30 minutes. Every impression is scored when it arrives
+second with a click delay drawn from stream.produce.clicks.ClickDelays for each positive, joined by
+stream/join/policy.py's Cursor at windows of 5 and 30 minutes. Every impression is scored when it arrives
 (the model as it stands then, as serving would score it) and the scores are compared with the TRUE
 labels: the oracle (labels known at once: the ceiling), `window` (final labels, as stale as the
 window), `fake_negative` + FNW and + FNC (trainer.optim.delayed_feedback). Also each policy's share
@@ -29,9 +29,9 @@ import numpy as np
 import orjson
 import torch
 
-from stream.clicks import ClickDelays
-from stream.join import FIRST_EMISSIONS, Click, Cursor, Entry, Impression, JoinRules, put_into
-from stream.join_output import read_events
+from stream.join.outputs import read_events
+from stream.join.policy import FIRST_EMISSIONS, Click, Cursor, Entry, Impression, JoinRules, put_into
+from stream.produce.clicks import ClickDelays
 from stream.records import FeatureBatch
 from stream.schema import Schema
 from trainer.batch import batch_from_features
@@ -147,7 +147,7 @@ def accuracy_runs(
     runs = [{"window_s": None, **_learn_policy(schema, settings, stream, labels, arrivals, "oracle", None)}]
     for window in windows_s:
         for policy, delayed in (("window", "none"), ("fake_negative", "fnw"), ("fake_negative", "fnc")):
-            rules = JoinRules(policy=policy, window_ms=int(window * 1000), allowed_lateness_ms=0)
+            rules = JoinRules(policy=policy, window_ms=int(window * 1000), allowed_lateness_ms=0, elapsed_ms=0)
             chosen = replace(settings, optim=replace(settings.optim, delayed_feedback=delayed))
             name = policy if delayed == "none" else f"{policy}+{delayed}"
             run = _learn_policy(schema, chosen, stream, labels, arrivals, name, rules)
@@ -160,13 +160,13 @@ def joiner_runs(
     kafka: Any, stream_settings: Any, schema: Schema, events: int, state_root: Path
 ) -> list[dict[str, Any]]:
     """The Joiner in process on fresh topics: impressions/s bundled and single, and state bytes."""
-    from stream.bundle import event_table
-    from stream.clicks import interleave, split_clicks
-    from stream.joiner import Joiner, collect_garbage_rarely
-    from stream.replay import replay
-    from stream.settings import JoinSettings
-    from stream.synthetic import SyntheticConfig, SyntheticCriteo
-    from stream.topics import ensure_topics
+    from stream.formats.arrow import event_table
+    from stream.join.joiner import Joiner, collect_garbage_rarely
+    from stream.join.settings import JoinSettings
+    from stream.kafka.topics import ensure_topics
+    from stream.produce.clicks import interleave, split_clicks
+    from stream.produce.replay import replay
+    from stream.produce.synthetic import SyntheticConfig, SyntheticCriteo
 
     collect_garbage_rarely()  # as `adstream join`'s process does
     out = []
@@ -301,7 +301,7 @@ def _spawn_joiner(kafka: Any, stream_settings: Any) -> Any:
     """`adstream join`'s worker in a child process (spawned: a fresh interpreter, as the CLI's)."""
     import multiprocessing
 
-    from stream.joiner import run_joiner
+    from stream.join.joiner import run_joiner
 
     child = multiprocessing.get_context("spawn").Process(target=run_joiner, args=(kafka, stream_settings))
     child.start()
@@ -350,11 +350,11 @@ def latency_runs(
 
     from confluent_kafka import Producer
 
-    from stream.join_input import click_record
-    from stream.partitioner import murmur2_partition
-    from stream.settings import JoinSettings
-    from stream.synthetic import SyntheticConfig, SyntheticCriteo
-    from stream.topics import ensure_topics
+    from stream.formats.clicks import click_record
+    from stream.join.settings import JoinSettings
+    from stream.kafka.partitioner import murmur2_partition
+    from stream.kafka.topics import ensure_topics
+    from stream.produce.synthetic import SyntheticConfig, SyntheticCriteo
 
     out = []
     rows, _ = SyntheticCriteo(schema, SyntheticConfig(seed=5)).generate(int(seconds * rate))
@@ -446,13 +446,13 @@ def kill_run(
     import random
     import signal
 
-    from stream.bundle import event_table
-    from stream.clicks import interleave, split_clicks
-    from stream.partitioner import murmur2_partition
-    from stream.replay import replay
-    from stream.settings import JoinSettings
-    from stream.synthetic import SyntheticConfig, SyntheticCriteo
-    from stream.topics import ensure_topics
+    from stream.formats.arrow import event_table
+    from stream.join.settings import JoinSettings
+    from stream.kafka.partitioner import murmur2_partition
+    from stream.kafka.topics import ensure_topics
+    from stream.produce.clicks import interleave, split_clicks
+    from stream.produce.replay import replay
+    from stream.produce.synthetic import SyntheticConfig, SyntheticCriteo
 
     tag = uuid.uuid4().hex[:8]
     topics = kafka.scoped(f"bench-joinkill-{tag}")

@@ -42,11 +42,11 @@ from rich.progress import Progress
 
 from bench.pipeline import REAL_BATCH, criteo_files
 from common.checks import with_changes
-from stream.ingest import featurize_records
+from stream.featurizer.ingest import featurize_records
+from stream.produce.replay import ReplayRecord, log_records, synthetic_records
+from stream.produce.synthetic import SyntheticCriteo
 from stream.records import FeatureBatch, RawRecord
-from stream.replay import ReplayRecord, log_records, synthetic_records
 from stream.schema import load_schema
-from stream.synthetic import SyntheticCriteo
 from trainer.batch import Batch
 from trainer.group import launch_local
 from trainer.metrics import auc_exact, logloss
@@ -122,7 +122,7 @@ def _replica(data: str, settings: TrainerSettings, k: int, schema_name: str, nod
             served_prob = served.predict(batch)
         elif nodes == 1:
             served_prob = predict(trainer.model, rows, batch)
-        prob = trainer.learn_round(batch, k)
+        prob = trainer.learn_round(batch)
         if act.merge:
             across += trainer.merge().bytes
             merges += 1
@@ -157,7 +157,7 @@ class _Served:
     def __init__(self, trainer: Trainer) -> None:
         from store.ram import RamTier
         from store.table import EmbeddingTable
-        from stream.featurize import shared_ids
+        from stream.featurizer.featurize import shared_ids
 
         self.trainer = trainer
         self.model = copy.deepcopy(trainer.model)

@@ -21,13 +21,14 @@ import numpy as np
 import torch
 
 from bench.baseline import PlainTorch, baseline_config, like_for_like, online_lr
-from stream.ingest import featurize_records
+from stream.featurizer.ingest import featurize_records
+from stream.kafka.settings import KafkaSettings
+from stream.kafka.topics import ensure_topics
+from stream.produce.replay import log_records, replay, synthetic_records
+from stream.produce.synthetic import SyntheticCriteo
 from stream.records import FeatureBatch, RawRecord
-from stream.replay import log_records, replay, synthetic_records
 from stream.schema import Schema, load_schema
-from stream.settings import KafkaSettings, StreamSettings
-from stream.synthetic import SyntheticCriteo
-from stream.topics import ensure_topics
+from stream.settings import StreamSettings
 from trainer.batch import Batch, batch_from_features
 from trainer.metrics import ProgressiveMetrics, auc_exact, logloss
 from trainer.replica import Trainer
@@ -56,7 +57,7 @@ def redirect_output(log_file: str) -> None:
 
 def _worker_main(kafka: KafkaSettings, settings: StreamSettings, log_file: str) -> None:
     """The Faust worker in a child process, its output in `log_file`."""
-    from stream.app import run_worker
+    from stream.featurizer.app import run_worker
 
     redirect_output(log_file)
     run_worker(kafka, settings)
@@ -85,7 +86,7 @@ def _faust_rate(
 
     from confluent_kafka import Consumer
 
-    from stream.batch_codec import decode_batch
+    from stream.formats.batch_codec import decode_batch
 
     tag = uuid.uuid4().hex[:6]
     kafka = kafka.scoped(f"bench-{tag}")

@@ -23,7 +23,7 @@ class PublicationModel(PythonModel):
         """model_input: a DataFrame of events (the Kafka JSON fields) -> one CTR per row. (No type
         hints: MLflow would try to build a signature from them.)"""
         from serving.predict import predict_events
-        from stream.decode import event_from_mapping
+        from stream.featurizer.decode import event_from_mapping
 
         rows = [self._native(row) for row in model_input.to_dict("records")]
         events = [event_from_mapping(row, self.schema, require_label=False) for row in rows]

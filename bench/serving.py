@@ -47,12 +47,13 @@ from bench.http_load import Load, open_loop
 from bench.pipeline import _stop, _worker_main, redirect_output
 from common.processes import process_tree
 from serving.settings import ServingSettings
-from stream.clicks import ClickDelays
-from stream.replay import ReplayRecord, replay
+from stream.kafka.settings import KafkaSettings
+from stream.kafka.topics import ensure_topics
+from stream.produce.clicks import ClickDelays
+from stream.produce.replay import ReplayRecord, replay
+from stream.produce.synthetic import SyntheticConfig, SyntheticCriteo
 from stream.schema import Schema, load_schema, schema_file
-from stream.settings import KafkaSettings, StreamSettings
-from stream.synthetic import SyntheticConfig, SyntheticCriteo
-from stream.topics import ensure_topics
+from stream.settings import StreamSettings
 from trainer.batch import batch_from_features
 from trainer.group import free_port
 from trainer.replica import Trainer
@@ -179,8 +180,8 @@ def _wait_http(url: str, what: str, timeout_s: float, alive: Any) -> None:
 
 # --- the pieces --------------------------------------------------------------------------------
 def _train_some(trainer: Trainer, generator: SyntheticCriteo, schema: Schema, events: int) -> None:
-    from stream.decode import event_from_mapping
-    from stream.featurize import featurize
+    from stream.featurizer.decode import event_from_mapping
+    from stream.featurizer.featurize import featurize
 
     chunk, _ = generator.generate(events)
     decoded = [event_from_mapping(e, schema) for e in chunk]
@@ -191,7 +192,7 @@ def _train_some(trainer: Trainer, generator: SyntheticCriteo, schema: Schema, ev
 def _publish_base(trainer: Trainer, publisher: Any, folder: Path) -> tuple[str, Path]:
     """(registry version, publication folder) of a new base."""
     trainer.table.take_changed()
-    publication = trainer.publish_to(folder, trainer.manifest())
+    publication = trainer.checkpoints.publish_to(folder, trainer.checkpoints.manifest())
     assert publication is not None  # one process writes the whole folder
     return str(publisher.publish(publication, trainer.step)), publication
 
@@ -235,7 +236,7 @@ def _agreement(base_url: str, publication: Path, schema: Schema, events: list[di
 
     from serving.loader import load_served_model
     from serving.predict import predict_events
-    from stream.decode import event_from_mapping
+    from stream.featurizer.decode import event_from_mapping
 
     response = httpx.post(
         f"{base_url}/invocations", content=_bodies(schema, events, 64, True)[0], headers=JSON, timeout=30
@@ -356,7 +357,7 @@ def publish_bytes(schema: Schema, settings: TrainerSettings, rows: int, folder: 
     rng = np.random.default_rng(0)
     ids = np.unique(rng.integers(-(2**62), 2**62, rows + rows // 100))[:rows]
     trainer.table.load(ids, trainer.table.fresh_rows(ids))
-    base = trainer.publish_to(folder / "base", trainer.manifest())
+    base = trainer.checkpoints.publish_to(folder / "base", trainer.checkpoints.manifest())
     assert base is not None  # one process writes the whole folder
     out: dict[str, Any] = {"rows": len(ids), "base_bytes": folder_bytes(base)}
     trainer.table.take_changed()
@@ -365,8 +366,10 @@ def publish_bytes(schema: Schema, settings: TrainerSettings, rows: int, folder: 
         changed = np.sort(rng.choice(ids, int(share * len(ids)), replace=False))
         stored, _ = trainer.table.stored_rows(changed)
         trainer.table.put(changed, stored + 0.01, step=1)
-        manifest = replace(trainer.manifest(), base_step=trainer.step, sequence=1)
-        delta = trainer.publish_delta_to(folder / f"delta-{share:g}", manifest, trainer.table.take_changed())
+        manifest = replace(trainer.checkpoints.manifest(), base_step=trainer.step, sequence=1)
+        delta = trainer.checkpoints.publish_delta_to(
+            folder / f"delta-{share:g}", manifest, trainer.table.take_changed()
+        )
         out[f"delta_bytes_{share:.0%}"] = folder_bytes(delta)
         counts[share] = len(changed)
     # what one more changed row costs in a delta, against what a row costs in the base
@@ -505,9 +508,9 @@ def beside_pipeline(
     process, as `adstream join`, `stream` and `train` run them) work on synthetic impressions and
     clicks replayed at BESIDE_RATE: the production shape on one box, in topics, groups and a
     snapshot folder of its own; the server keeps serving the bench's model."""
-    from stream.bundle import event_table
-    from stream.clicks import interleave, split_clicks
-    from stream.joiner import run_joiner
+    from stream.formats.arrow import event_table
+    from stream.join.joiner import run_joiner
+    from stream.produce.clicks import interleave, split_clicks
 
     scope = f"bench-beside-{uuid.uuid4().hex[:6]}"
     work = Path(tempfile.mkdtemp(prefix=f"{scope}-"))
@@ -638,7 +641,7 @@ def run_serving_bench(
         for i in range(3):
             _train_some(trainer, generator, schema, 2048)
             trainer.table.take_changed()
-            folders.append(trainer.publish_to(work / f"v{i + 2}", trainer.manifest()))
+            folders.append(trainer.checkpoints.publish_to(work / f"v{i + 2}", trainer.checkpoints.manifest()))
         ready = context.Event()
         swapper = context.Process(target=_publish_main, args=(mlflow, publisher.run_id, folders, seconds / 4, ready))
         swapper.start()

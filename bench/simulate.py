@@ -297,7 +297,7 @@ def freshness(trace: Trace) -> dict[str, Any]:
 def losses(trace: Trace, records: list[bytes], label_field: str, id_field: str) -> dict[str, int]:
     """Against the joiner's output: every shown impression once (labelled 0 under fake_negative),
     every click once (its positive copy), nothing else of ours."""
-    from stream.join_output import read_events
+    from stream.join.outputs import read_events
 
     firsts: dict[str, int] = {}
     copies: dict[str, int] = {}
@@ -330,8 +330,8 @@ def oracle_auc(
     events."""
     import torch
 
-    from stream.decode import event_from_mapping
-    from stream.featurize import featurize
+    from stream.featurizer.decode import event_from_mapping
+    from stream.featurizer.featurize import featurize
     from trainer.batch import batch_from_features
     from trainer.replica import Trainer
 

@@ -66,10 +66,10 @@ from serving.predict import predict_events
 from serving.registry import MlflowRegistry
 from serving.request import Refusal, Scoring, parse_clicks, parse_predict_body, parse_shown
 from serving.settings import ServingSettings
-from stream.decode import event_from_mapping
-from stream.join_input import click_record
+from stream.featurizer.decode import event_from_mapping
+from stream.formats.clicks import click_record
+from stream.kafka.settings import KafkaSettings
 from stream.schema import Schema
-from stream.settings import KafkaSettings
 
 log = logging.getLogger("adstream.serving")
 TOKEN_DETAIL = "missing or wrong bearer token: send 'Authorization: Bearer <serving.token>'"

@@ -5,7 +5,7 @@ PendingShows, a bounded dict of candidates waiting for POST /shown).
         --impression_record--> {...the event..., "served": {"version", "step", "sequence", "ctr",
                                 "served_ms"[, "propensity"]}}   key: the event id
 
-The joiner reads it as any impression (stream/join_input.py: the event's id and time, no label) and
+The joiner reads it as any impression (stream/join/inputs.py: the event's id and time, no label) and
 emits it labelled, the `served` object and all, onto the events topic; the featurizer reads only the
 schema's fields, so the trainer learns the very event that was scored, and the live judge
 (serving/judge.py) reads `served` back to score the served model on its own answers.

@@ -25,8 +25,8 @@ import orjson
 
 from serving.live import LiveScores, outcomes_of
 from serving.settings import JudgeSettings
+from stream.kafka.settings import KafkaSettings
 from stream.schema import Schema
-from stream.settings import KafkaSettings
 
 log = logging.getLogger("adstream.judge")
 EXPORTED_VERSIONS = 20  # versions with gauges (the newest); older ones stay in the report file

@@ -25,7 +25,7 @@ import numpy as np
 import orjson
 
 from serving.impressions import SERVED
-from stream.bundle import is_arrow_bundle
+from stream.formats.arrow import is_arrow_bundle
 from trainer.metrics import auc_exact, logloss
 
 MARKER = b'"served"'  # a labelled event from serving carries it; others are skipped unparsed

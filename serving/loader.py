@@ -30,7 +30,7 @@ from store.frozen import FrozenTier
 from store.rocks import RocksTier
 from store.table import EmbeddingTable, TableConfig
 from store.tier import Tier
-from stream.featurize import shared_ids
+from stream.featurizer.featurize import shared_ids
 from stream.schema import Schema
 from trainer.model import CtrModel
 from trainer.snapshot import Manifest, load_model, read_embeddings, read_manifest, rows_file, save_file, unreadable

@@ -9,7 +9,7 @@ in the queue and delivers them, once, when it comes back. The queue is bounded b
 `serving.log_queue` records: past it a record is dropped and counted, never silently
 (`adstream_serving_log_dropped_total`, `/model`, `adstream status`). Keys are placed by murmur2
 (`partitioner=murmur2_random`), the rule the joiner reads impressions and clicks by
-(stream/partitioner.py). `close` (SIGTERM) flushes for `serving.log_flush_s`; what is still queued
+(stream/kafka/partitioner.py). `close` (SIGTERM) flushes for `serving.log_flush_s`; what is still queued
 then is counted as dropped. A SIGKILL loses what is queued: at most the records of the last
 `linger.ms` (5 ms) while the broker is up.
 """

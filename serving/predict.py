@@ -11,7 +11,7 @@ import torch
 
 from serving.loader import ServedModel
 from serving.scorer import score
-from stream.featurize import featurize
+from stream.featurizer.featurize import featurize
 from stream.records import Event
 from stream.schema import Schema
 from trainer.batch import batch_from_features

@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from serving.errors import ServingError
-from trainer.publish import DELTA_TAG
-from trainer.snapshot import DELTAS, MANIFEST, delta_path, is_complete
+from trainer.snapshot import DELTA_TAG, DELTAS, MANIFEST, delta_path, is_complete
 
 
 @dataclass(frozen=True)

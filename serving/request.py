@@ -1,6 +1,6 @@
 """Request bodies -> what to do, or the 422 that names what is wrong. Pure.
 
-    /predict body --parse_predict_body--> Scoring: [Event] (serve-time decode: stream/decode.py's,
+    /predict body --parse_predict_body--> Scoring: [Event] (serve-time decode: stream/featurizer/decode.py's,
                                           label absent), their JSON objects, which are shown
     /click body   --parse_clicks--------> [(impression id, ms)]
     /shown body   --parse_shown---------> [(impression id, propensity or None)]
@@ -22,8 +22,8 @@ from typing import Any
 import orjson
 
 from stream import rules
-from stream.decode import event_from_mapping
 from stream.errors import DecodeError
+from stream.featurizer.decode import event_from_mapping
 from stream.records import Event
 from stream.schema import Schema
 

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from serving.settings import ServingSettings
+from stream.kafka.settings import KafkaSettings
 from stream.schema import Schema
-from stream.settings import KafkaSettings
 
 RESTART_PAUSE_S = 1.0  # between a worker's death and its replacement (a crash loop stays slow)
 

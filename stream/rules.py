@@ -1,7 +1,7 @@
 """What makes an event valid, in one place.
 
-Every path an event can take checks it with these rules: a JSON event (decode.py, one value at a
-time), an Arrow bundle (bundle.py, a column at a time) and a raw log line (replay.py). So a bad
+Every path an event can take checks it with these rules: a JSON event (featurizer/decode.py, one value at a
+time), an Arrow bundle (featurizer/bundle.py, a column at a time) and a raw log line (produce/logs.py). So a bad
 event gets the same reason, "<field>: <rule>", whichever way it came; the dead-letter topic keeps
 the offending bytes beside the reason. Reasons do not quote the value (a column check finds many
 at once; the record itself is in the DLQ).

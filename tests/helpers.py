@@ -13,8 +13,8 @@ import torch
 from store.hierarchy import HierarchyConfig, TieredStore
 from store.ram import RamTier
 from store.rocks import RocksTier
-from stream.decode import event_from_mapping
-from stream.featurize import featurize
+from stream.featurizer.decode import event_from_mapping
+from stream.featurizer.featurize import featurize
 from stream.records import FeatureBatch
 from trainer.batch import Batch, batch_from_features
 from trainer.replica import Trainer

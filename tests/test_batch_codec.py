@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream.batch_codec import decode_batch, encode_batch
 from stream.errors import BatchCodecError
+from stream.formats.batch_codec import decode_batch, encode_batch
 from tests.helpers import random_feature_batch
 
 
@@ -49,8 +49,8 @@ def test_a_schema_without_dense_fields_round_trips():
 
 def test_a_batch_carries_its_schemas_name_so_a_trainer_of_another_can_say_which(schema):
     """#29 item 1: batches carried the hash alone; a schema not bundled was '(not a bundled schema) <hash>'."""
-    from stream.decode import event_from_mapping
-    from stream.featurize import featurize
+    from stream.featurizer.decode import event_from_mapping
+    from stream.featurizer.featurize import featurize
     from stream.records import FeatureBatch
     from tests.helpers import criteo_event
     from trainer.source import schema_label

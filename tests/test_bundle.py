@@ -6,8 +6,9 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream.bundle import encode_event_bundle, featurize_arrow_bundle
-from stream.ingest import featurize_records
+from stream.featurizer.bundle import featurize_arrow_bundle
+from stream.featurizer.ingest import featurize_records
+from stream.formats.arrow import encode_event_bundle
 from stream.records import RawRecord
 from stream.schema import load_schema
 

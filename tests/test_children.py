@@ -1,4 +1,4 @@
-"""Worker processes (`stream --workers N`, `join --workers N`: stream/children.py) never outlive
+"""Worker processes (`stream --workers N`, `join --workers N`: stream/kafka/children.py) never outlive
 the process that started them, even one killed with SIGKILL."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def nap(folder: str, name: str) -> None:
 
 def test_workers_die_with_a_parent_killed_with_sigkill(tmp_path):
     script = (
-        "from stream.children import run_children; from tests.test_children import nap; "
+        "from stream.kafka.children import run_children; from tests.test_children import nap; "
         f"run_children(nap, [({str(tmp_path)!r}, 'a'), ({str(tmp_path)!r}, 'b')])"
     )
     parent = subprocess.Popen([sys.executable, "-c", script])

@@ -224,3 +224,26 @@ def test_a_knob_the_settings_and_a_component_both_declare_has_one_default():
         ours, theirs = defaults(section), defaults(component)
         for name, their_name in names.items():
             assert ours[name] == theirs[their_name], f"{section.__name__}.{name} vs {component.__name__}.{their_name}"
+
+
+@pytest.mark.parametrize(
+    ("policy", "delayed", "fits"),
+    [
+        ("window", "none", True),
+        ("window", "fnw", False),
+        ("fake_negative", "fnw", True),
+        ("fake_negative", "fnc", True),
+        ("fake_negative", "none", False),
+        ("elapsed", "fnw", True),
+        ("elapsed", "none", False),
+    ],
+)
+def test_a_join_policy_and_the_trainers_delayed_feedback_must_fit(policy, delayed, fits):
+    """The joiner and the trainer run apart but read one config: a policy whose labels the trainer
+    would learn with the wrong weights is refused at start, naming both settings."""
+    sections = {"stream": {"join": {"policy": policy}}, "trainer": {"optim": {"delayed_feedback": delayed}}}
+    if fits:
+        assert build_config(sections).stream.join.policy == policy
+    else:
+        with pytest.raises(AdstreamError, match=rf"stream.join.policy='{policy}'.*trainer.optim.delayed_feedback"):
+            build_config(sections)

@@ -15,8 +15,8 @@ import pytest
 
 from serving.loader import load_served_model
 from serving.predict import predict_events
-from stream.decode import event_from_mapping
-from stream.featurize import featurize
+from stream.featurizer.decode import event_from_mapping
+from stream.featurizer.featurize import featurize
 from stream.schema import load_schema
 from trainer.batch import batch_from_features
 from trainer.replica import Trainer
@@ -60,13 +60,13 @@ def test_a_snapshot_written_on_cuda_restores_and_serves_on_the_cpu(tmp_path):
     gpu = Trainer(SCHEMA, on(GPU, "adam", "ram", ""))
     for batch in make_batches(seed=5, steps=4):
         gpu.learn(batch)
-    path = gpu.save(tmp_path / "snapshots")
+    path = gpu.checkpoints.save(tmp_path / "snapshots")
     assert path is not None
     events = [event_from_mapping(criteo_event(i), SCHEMA) for i in range(40)]  # ids seen and unseen
     batch = batch_from_features([featurize(events, SCHEMA)])
     expected = gpu.predict(batch)
     cpu = Trainer(SCHEMA, on("cpu", "adam", "ram", ""))
-    cpu.restore(path)
+    cpu.checkpoints.restore(path)
     np.testing.assert_allclose(cpu.predict(batch), expected, rtol=1e-5, atol=1e-6)
     assert_states_close(state(cpu), state(gpu))
     served = load_served_model(path, "1", SCHEMA)  # serving's loader, on a host with no GPU in use
@@ -80,10 +80,10 @@ def test_a_cpu_snapshot_resumes_on_cuda_and_learns_on_as_the_cpu_does(tmp_path):
     batches = make_batches(seed=11, steps=8)
     for batch in batches[:4]:
         cpu.learn(batch)
-    path = cpu.save(tmp_path / "snapshots")
+    path = cpu.checkpoints.save(tmp_path / "snapshots")
     assert path is not None
     gpu = Trainer(SCHEMA, on(GPU, "adam", "tiered", str(tmp_path / "gpu")))
-    gpu.restore(path)
+    gpu.checkpoints.restore(path)
     assert gpu.step == cpu.step == 4
     for batch in batches[4:]:
         cpu.learn(batch)

@@ -113,8 +113,8 @@ def test_final_labels_score_each_impression_once_with_its_first_prediction():
 
 
 def test_the_trainer_scores_a_clicked_impression_once_under_fake_negative(schema):
-    from stream.decode import event_from_mapping
-    from stream.featurize import featurize
+    from stream.featurizer.decode import event_from_mapping
+    from stream.featurizer.featurize import featurize
     from tests.helpers import criteo_event
     from trainer.batch import batch_from_features
     from trainer.replica import Trainer

@@ -12,8 +12,8 @@ import pytest
 from serving.errors import ServingError
 from serving.loader import apply_delta, load_served_model
 from serving.predict import predict_events
-from stream.decode import event_from_mapping
-from stream.featurize import featurize
+from stream.featurizer.decode import event_from_mapping
+from stream.featurizer.featurize import featurize
 from tests.helpers import criteo_event, small_tiered_settings, trained_trainer
 from trainer.batch import batch_from_features
 from trainer.replica import Trainer
@@ -31,13 +31,13 @@ def learn_more(trainer, schema, first: int, steps: int) -> None:
 
 def publish_base(trainer, root):
     trainer.table.take_changed()
-    return trainer.publish_to(root / "base", trainer.manifest())
+    return trainer.checkpoints.publish_to(root / "base", trainer.checkpoints.manifest())
 
 
 def publish_delta(trainer, root, base_step: int, sequence: int):
     changed = trainer.table.take_changed()
-    manifest = replace(trainer.manifest(), base_step=base_step, sequence=sequence)
-    return trainer.publish_delta_to(root / f"delta-{sequence}", manifest, changed), changed
+    manifest = replace(trainer.checkpoints.manifest(), base_step=base_step, sequence=sequence)
+    return trainer.checkpoints.publish_delta_to(root / f"delta-{sequence}", manifest, changed), changed
 
 
 def probe_events(schema):
@@ -141,7 +141,7 @@ def test_a_recovery_snapshot_leaves_out_rows_ttl_expired_in_rocksdb(schema, tmp_
     unseen = set(first.tolist()) - set(later.ids.reshape(-1).tolist())
     expired = unseen & set(trainer.table.tier.rocks.all_ids().tolist())
     assert expired, "the tiny budgets should have pushed rows of the first steps into RocksDB"
-    saved = read_embeddings(trainer.save(tmp_path / "snap"))
+    saved = read_embeddings(trainer.checkpoints.save(tmp_path / "snap"))
     ids = set(saved["ids"].tolist())
     recent = trainer.table.tier.all_ids()
     assert not expired & ids and not expired & set(trainer.table.tier.rocks.all_ids().tolist())

@@ -3,9 +3,10 @@ fact: without it `adstream stream` cannot start), and the app is built on it wit
 
 from faust.transport import by_url
 
-from stream.app import build_app
-from stream.faust_hot_path import Consumer, QuietMonitor, Transport
-from stream.settings import KafkaSettings, StreamSettings
+from stream.featurizer.app import build_app
+from stream.featurizer.faust_hot_path import Consumer, QuietMonitor, Transport
+from stream.kafka.settings import KafkaSettings
+from stream.settings import StreamSettings
 
 
 def test_the_adstream_transport_is_faust_aiokafka_with_the_cheap_delivery():

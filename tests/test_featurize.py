@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stream.decode import event_from_mapping
 from stream.errors import StreamError
-from stream.featurize import (
+from stream.featurizer.decode import event_from_mapping
+from stream.featurizer.featurize import (
     FIELD_SHIFT,
     MISSING,
     event_ids,
@@ -18,7 +18,7 @@ from stream.featurize import (
     signed_log1p,
     string_id,
 )
-from stream.ingest import featurize_records
+from stream.featurizer.ingest import featurize_records
 from stream.records import FeatureBatch, RawRecord
 from stream.schema import schema_from_dict
 from tests.helpers import criteo_event
@@ -126,8 +126,8 @@ def test_a_record_that_crashes_featurize_costs_only_itself(schema, monkeypatch):
     reach the batch."""
     import orjson
 
-    import stream.json_batch as json_batch_module
-    from stream.ingest import featurize_isolating
+    import stream.featurizer.json_batch as json_batch_module
+    from stream.featurizer.ingest import featurize_isolating
     from stream.records import RawRecord
     from tests.helpers import criteo_event
 
@@ -148,7 +148,7 @@ def test_a_record_that_crashes_featurize_costs_only_itself(schema, monkeypatch):
 def test_a_timestamp_past_the_int64_range_is_a_reason_not_a_crash(schema):
     import orjson
 
-    from stream.ingest import featurize_records
+    from stream.featurizer.ingest import featurize_records
     from stream.records import RawRecord
     from tests.helpers import criteo_event
 

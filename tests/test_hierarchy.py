@@ -338,8 +338,8 @@ def test_trainer_on_the_hierarchy_snapshots_and_serves_the_same_predictions(sche
 
     from serving.loader import load_served_model
     from serving.predict import predict_events
-    from stream.decode import event_from_mapping
-    from stream.featurize import featurize
+    from stream.featurizer.decode import event_from_mapping
+    from stream.featurizer.featurize import featurize
     from tests.helpers import criteo_event, small_tiered_settings
     from trainer.batch import batch_from_features
     from trainer.replica import Trainer
@@ -357,7 +357,7 @@ def test_trainer_on_the_hierarchy_snapshots_and_serves_the_same_predictions(sche
     tier = trainer.table.tier
     assert isinstance(tier, TieredStore) and tier.device is None  # a CPU trainer: RAM -> RocksDB
     assert trainer.table.stats()["ram_evictions"] > 0 and trainer.table.stats()["writebacks"] > 0
-    path = trainer.save(tmp_path / "snap")
+    path = trainer.checkpoints.save(tmp_path / "snap")
     events = [event_from_mapping(criteo_event(i), schema) for i in range(60)]
     batch = batch_from_features([featurize(events, schema)])
     expected = predict(trainer.model, trainer.table, batch)

@@ -1,4 +1,4 @@
-"""The join's rules (stream/join.py) against hand-written timelines, policy by policy, and the
+"""The join's rules (stream/join/policy.py) against hand-written timelines, policy by policy, and the
 invariants every timeline keeps (one first emission per impression, one positive at most, nothing
 for a click without an impression). Event time in ms: window 1000, lateness 100, elapsed 300."""
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stream.errors import StreamError
-from stream.join import (
+from stream.join.policy import (
     ELAPSED,
     FAKE_NEGATIVE,
     FINAL,
@@ -24,7 +24,7 @@ from stream.join import (
     JoinRules,
     join_all,
 )
-from stream.settings import JoinSettings
+from stream.join.settings import JoinSettings
 
 W, L, E = 1000, 100, 300
 
@@ -189,7 +189,7 @@ def test_the_watermark_waits_for_unread_clicks():
     a window does not close while a click inside it may still be unread."""
     from functools import partial
 
-    from stream.join import Cursor, put_into
+    from stream.join.policy import Cursor, put_into
 
     entries: dict = {}
     cursor = Cursor(cfg("window"), entries.get, partial(put_into, entries))

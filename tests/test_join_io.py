@@ -9,13 +9,13 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from stream.bundle import encode_table, event_table
-from stream.clicks import ClickDelays, interleave, split_clicks
-from stream.join import Click, Emission, Entry, Impression, RowRef
-from stream.join_input import ClickFields, read_clicks, read_impressions
-from stream.join_output import event_records, read_events
-from stream.join_state import PartitionState, PendingOutput, Progress, decode_entry, encode_entry
-from stream.partitioner import murmur2_partition
+from stream.formats.arrow import encode_table, event_table
+from stream.join.inputs import ClickFields, read_clicks, read_impressions
+from stream.join.outputs import event_records, read_events
+from stream.join.policy import Click, Emission, Entry, Impression, RowRef
+from stream.join.state import PartitionState, PendingOutput, Progress, decode_entry, encode_entry
+from stream.kafka.partitioner import murmur2_partition
+from stream.produce.clicks import ClickDelays, interleave, split_clicks
 from stream.records import RawRecord
 from tests.helpers import criteo_event
 
@@ -150,7 +150,7 @@ def test_murmur2_matches_kafkas_java_partitioner_on_known_keys():
 def test_the_featurizer_reads_the_joiners_arrow_bundles_as_its_json_lines(schema):
     """Downstream nothing changes with the impressions' format: the featurizer makes the same
     features of the Arrow bundle the joiner emits as of the JSON lines it emits for the same events."""
-    from stream.ingest import featurize_records
+    from stream.featurizer.ingest import featurize_records
 
     events = [impression(i) for i in range(50)]
     json_in, _, _ = read_impressions(RawRecord(0, 3, b"\n".join(orjson.dumps(e) for e in events)), schema)
@@ -230,7 +230,7 @@ def test_replay_clicks_cuts_bundles_that_would_span_more_than_the_lateness_allow
     ],
 )
 def test_the_short_read_of_one_json_impression_is_the_long_reads_answer(schema, value):
-    from stream.join_input import one_impression
+    from stream.join.inputs import one_impression
 
     short = one_impression(value, schema)
     good, bad, _ = read_impressions(RawRecord(0, 9, value), schema)

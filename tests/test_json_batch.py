@@ -1,4 +1,4 @@
-"""The column path for JSON events (stream/json_batch.py) == decode.py's event-at-a-time path: the
+"""The column path for JSON events (stream/featurizer/json_batch.py) == decode.py's event-at-a-time path: the
 same batch (ids, dense, labels, times, event ids, sources, lists) and the same rejects (source, the
 event's bytes, the reason, in order), whatever mix of good and bad events arrives."""
 
@@ -9,11 +9,11 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stream.decode import decode_event
 from stream.errors import DecodeError
-from stream.featurize import featurize
-from stream.ingest import featurize_records
-from stream.json_batch import featurize_json_events
+from stream.featurizer.decode import decode_event
+from stream.featurizer.featurize import featurize
+from stream.featurizer.ingest import featurize_records
+from stream.featurizer.json_batch import featurize_json_events
 from stream.records import RawRecord, Rejected
 from stream.schema import load_schema, schema_from_dict
 from tests.helpers import criteo_event
@@ -121,11 +121,13 @@ def test_the_column_path_equals_decoding_one_event_at_a_time(data):
 def test_good_events_take_the_column_path_and_bad_ones_keep_their_order(schema, monkeypatch):
     """All-good events are featurized in one column pass (decode.py is never called); one with a
     wrong type in the middle goes alone through decode.py, and the batch keeps the events' order."""
-    import stream.json_batch
+    import stream.featurizer.json_batch
 
     decoded = []
-    real = stream.json_batch.event_from_mapping  # decode.py's, as json_batch.py calls it
-    monkeypatch.setattr(stream.json_batch, "event_from_mapping", lambda obj, *a: decoded.append(obj) or real(obj, *a))
+    real = stream.featurizer.json_batch.event_from_mapping  # decode.py's, as json_batch.py calls it
+    monkeypatch.setattr(
+        stream.featurizer.json_batch, "event_from_mapping", lambda obj, *a: decoded.append(obj) or real(obj, *a)
+    )
     objs = [criteo_event(i) for i in range(6)]
     check(schema, objs)
     assert decoded == [] or len(decoded) == len(objs)  # the reference decodes every event itself

@@ -7,7 +7,7 @@ import logging
 import socket
 import time
 
-from stream.kafka_log import OUTAGE, broker_back, quiet_logs
+from stream.kafka.client_log import OUTAGE, broker_back, quiet_logs
 
 
 def test_an_unreachable_broker_is_one_line_and_its_return_one_more(caplog):

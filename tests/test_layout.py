@@ -9,7 +9,7 @@ import yaml
 from adstream.cli import build_parser
 from adstream.config import load_config
 from adstream.stack import KAFKA_VERSION
-from stream.settings import KafkaSettings
+from stream.kafka.settings import KafkaSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = {"common", "stream", "store", "trainer", "serving", "adstream", "bench"}
@@ -52,6 +52,58 @@ def test_imports_go_one_way(package):
     roots = imported_roots(package)
     bad = {name: sorted(files) for name, files in roots.items() if name in FORBIDDEN[package]}
     assert not bad, f"{package} must not import {sorted(bad)}: {bad}"
+
+
+GROUND = {"stream", "stream.errors", "stream.schema", "stream.records", "stream.rules", "stream.settings"}
+WINGS = {  # stream's wings, in the data flow's order: what each may import of stream besides the ground
+    "formats": set(),  # record formats: below the producers, the joiner and the featurizer
+    "kafka": set(),  # plumbing every Kafka process shares (stream's and the trainer's)
+    "produce": {"formats", "kafka"},
+    "join": {"formats", "kafka"},  # the joiner comes before the featurizer and never imports it
+    "featurizer": {"formats", "kafka"},
+}
+# what the other packages may take from stream: the ground, the formats and the plumbing, and the
+# featurizer's pure functions (serving featurizes at serve time; the trainer knows the shared rows)
+OUTSIDE = {
+    "trainer": {"stream.featurizer.featurize"},
+    "serving": {"stream.featurizer.featurize", "stream.featurizer.decode"},
+}
+
+
+def _stream_imports(files: list[Path]) -> set[str]:
+    names = set()
+    for file in files:
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("stream"):
+                names.add(node.module or "")
+    return names
+
+
+def _allowed(name: str, wings: set[str], modules: set[str] = frozenset()) -> bool:  # type: ignore[assignment]
+    if name in GROUND or name in modules:
+        return True
+    return any(name == f"stream.{w}" or name.startswith(f"stream.{w}.") for w in wings)
+
+
+@pytest.mark.parametrize("wing", sorted(WINGS))
+def test_each_stream_wing_imports_only_the_ground_and_the_wings_before_it(wing):
+    imported = _stream_imports(sorted((ROOT / "stream" / wing).glob("*.py")))
+    # replay checks a raw log's rows with the featurizer's own column check: one rule set, one reason per bad value
+    extra = {"stream.featurizer.bundle"} if wing == "produce" else set()
+    bad = sorted(n for n in imported if not _allowed(n, WINGS[wing] | {wing}, extra))
+    assert not bad, f"stream/{wing} must not import {bad}"
+
+
+def test_the_ground_of_stream_imports_no_wing_but_the_joiners_settings():
+    imported = _stream_imports(sorted((ROOT / "stream").glob("*.py")))
+    assert sorted(n for n in imported if not _allowed(n, set(), {"stream.join.settings"})) == []
+
+
+@pytest.mark.parametrize("package", sorted(OUTSIDE))
+def test_trainer_and_serving_take_only_the_ground_formats_and_plumbing_of_stream(package):
+    imported = _stream_imports(sorted((ROOT / package).rglob("*.py")))
+    bad = sorted(n for n in imported if not _allowed(n, {"formats", "kafka"}, OUTSIDE[package]))
+    assert not bad, f"{package} must not import {bad}"
 
 
 def test_every_integration_test_file_is_marked():

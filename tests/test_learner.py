@@ -16,10 +16,10 @@ from serving.predict import predict_events
 from store.ram import RamTier
 from store.sparse_optim import SPARSE_OPTIMIZERS, SparseOptimConfig, cowclip, sparse_step
 from store.table import EmbeddingTable, TableConfig
-from stream.decode import decode_event
-from stream.featurize import featurize
+from stream.featurizer.decode import decode_event
+from stream.featurizer.featurize import featurize
+from stream.produce.synthetic import SyntheticCriteo
 from stream.schema import load_schema
-from stream.synthetic import SyntheticCriteo
 from tests.helpers import TIERS
 from trainer.batch import batch_from_features
 from trainer.metrics import calibration_summary, calibration_sums, ece
@@ -184,7 +184,7 @@ def test_serving_returns_the_trainers_predictions_for_every_family(tmp_path, kin
     for _ in range(4):
         events, _ = generator.generate(256)
         trainer.learn(batch_from_features([featurize([decode_event(orjson.dumps(e), schema) for e in events], schema)]))
-    path = trainer.save(tmp_path / "snapshots")
+    path = trainer.checkpoints.save(tmp_path / "snapshots")
     served = load_served_model(path, "1", schema)
     events, _ = generator.generate(300)  # seen, pending and brand-new ids alike
     decoded = [decode_event(orjson.dumps(e), schema) for e in events]

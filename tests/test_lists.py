@@ -13,15 +13,16 @@ import torch
 from serving.loader import load_served_model
 from serving.predict import predict_events
 from stream import rules
-from stream.batch_codec import decode_batch, encode_batch
-from stream.bundle import encode_event_bundle, featurize_arrow_bundle
-from stream.decode import decode_event, event_from_mapping
-from stream.featurize import FIELD_SHIFT, featurize, missing_id
-from stream.ingest import featurize_records
+from stream.featurizer.bundle import featurize_arrow_bundle
+from stream.featurizer.decode import decode_event, event_from_mapping
+from stream.featurizer.featurize import FIELD_SHIFT, featurize, missing_id
+from stream.featurizer.ingest import featurize_records
+from stream.formats.arrow import encode_event_bundle
+from stream.formats.batch_codec import decode_batch, encode_batch
+from stream.produce.replay import log_records, synthetic_records
+from stream.produce.synthetic import SyntheticCriteo
 from stream.records import FeatureBatch, RawRecord
-from stream.replay import log_records, synthetic_records
 from stream.schema import load_schema
-from stream.synthetic import SyntheticCriteo
 from tests.helpers import criteo_event
 from trainer.batch import batch_from_features
 from trainer.metrics import auc_exact
@@ -149,7 +150,7 @@ def test_serving_a_list_field_returns_the_trainers_predictions(tmp_path, min_cou
     for _ in range(4):
         events, _ = generator.generate(256)
         trainer.learn(batch_from_features([featurize([event_from_mapping(e, TAGS) for e in events], TAGS)]))
-    served = load_served_model(trainer.save(tmp_path / "snapshots"), "1", TAGS)
+    served = load_served_model(trainer.checkpoints.save(tmp_path / "snapshots"), "1", TAGS)
     events, _ = generator.generate(200)
     request = [{k: v for k, v in e.items() if k != "label"} for e in events]  # tags as a JSON array
     decoded = [decode_event(orjson.dumps(e), TAGS, require_label=False) for e in request]

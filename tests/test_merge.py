@@ -12,10 +12,11 @@ import torch
 
 from store.ram import RamTier
 from store.table import EmbeddingTable, TableConfig
-from stream.featurize import FIELD_SHIFT, missing_id
+from stream.featurizer.featurize import FIELD_SHIFT, missing_id
 from stream.schema import load_schema
 from trainer.batch import Batch
 from trainer.group import launch_local
+from trainer.layouts import Sharded, Synchronous
 from trainer.merge import average_rows
 from trainer.replica import Trainer
 from trainer.settings import GroupSettings, ModelSettings, OptimSettings, StoreSettings, TrainerSettings
@@ -101,7 +102,7 @@ def merge_every_step_vs_sync(optimizer: str, per_event: bool = False) -> tuple[d
     for batch in batches:
         merging.learn(batch)
         merging.merge()
-        syncing.learn_sync(batch)
+        Synchronous(syncing).step(batch)
     return state(merging), state(syncing)
 
 
@@ -203,7 +204,7 @@ def shared_dense_steps() -> tuple[dict, dict, int, int]:
     )
     batches = make_batches(seed=dist.get_rank(), steps=3)
     for i, batch in enumerate(batches):
-        trainer.learn_round(None if (i == 1 and dist.get_rank() == 1) else batch, 4)
+        trainer.learn_round(None if (i == 1 and dist.get_rank() == 1) else batch)
     before = state(trainer)
     stats = trainer.merge()
     return before, state(trainer), stats.dense_bytes, trainer.bytes_sent
@@ -346,16 +347,16 @@ def test_sparse_merge_disjoint_overlapping_new_and_expired_rows():
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 @pytest.mark.parametrize(
-    ("method", "per_event"),
-    [("learn_sync", False), ("learn_sync", True), ("learn_sharded", False), ("learn_sharded", True)],
+    ("layout", "per_event"),
+    [("synchronous", False), ("synchronous", True), ("sharded", False), ("sharded", True)],
 )
-def test_a_lone_synchronous_step_equals_a_local_step(optimizer, method, per_event):
-    """Without a group every collective is the identity: learn_sync == learn, rows included (the
+def test_a_lone_synchronous_step_equals_a_local_step(optimizer, layout, per_event):
+    """Without a group every collective is the identity: a synchronous step == a local one, rows included (the
     wide part per event as well); and sharded over a group of one, the shard is the whole table."""
     local, sync = (Trainer(SCHEMA, settings(optimizer, per_event=per_event)) for _ in range(2))
     for batch in make_batches(seed=3):
         expected = local.learn(batch).probs
-        probs, stats = getattr(sync, method)(batch)
+        probs, stats = (Synchronous if layout == "synchronous" else Sharded)(sync).step(batch)
         np.testing.assert_allclose(probs, expected, atol=1e-6)
         assert stats.bytes == 0
     assert_states_close(state(sync), state(local))

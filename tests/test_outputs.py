@@ -10,10 +10,11 @@ import pyarrow as pa
 import pytest
 
 from stream import rules
-from stream.batch_codec import decode_batch
-from stream.bundle import encode_event_bundle, encode_table, event_table
-from stream.ingest import featurize_isolating, featurize_records
-from stream.outputs import BATCHES, DLQ, RECORD_OVERHEAD, dead_letter, plan_outputs
+from stream.featurizer.ingest import featurize_isolating, featurize_records
+from stream.featurizer.outputs import plan_outputs
+from stream.formats.arrow import encode_event_bundle, encode_table, event_table
+from stream.formats.batch_codec import decode_batch
+from stream.formats.dead_letter import BATCHES, DLQ, RECORD_OVERHEAD, dead_letter
 from stream.records import RawRecord
 from stream.schema import load_schema
 from tests.helpers import criteo_event

@@ -1,4 +1,4 @@
-"""Replay's log reader (stream/logs.py, stream/replay.py): any layout a schema's [source] table
+"""Replay's log reader (stream/produce/logs.py, stream/produce/replay.py): any layout a schema's [source] table
 describes, read in blocks, bad rows to the DLQ with their reason, bundles and single events."""
 
 import gzip
@@ -8,13 +8,15 @@ import pyarrow as pa
 import pytest
 
 from stream import rules
-from stream.bundle import featurize_arrow_bundle, is_arrow_bundle
-from stream.decode import decode_event
 from stream.errors import SchemaError
-from stream.ingest import featurize_records
-from stream.logs import BASE_TS_MS, read_log
+from stream.featurizer.bundle import featurize_arrow_bundle
+from stream.featurizer.decode import decode_event
+from stream.featurizer.ingest import featurize_records
+from stream.formats.arrow import is_arrow_bundle
+from stream.formats.json_lines import json_lines
+from stream.produce.logs import BASE_TS_MS, read_log
+from stream.produce.replay import ReplayRecord, log_records
 from stream.records import RawRecord
-from stream.replay import ReplayRecord, json_lines, log_records
 from stream.schema import load_schema, schema_from_dict
 from tests.helpers import CRITEO_FILES, avazu_csv, needs_shared
 

@@ -10,7 +10,7 @@ import logging
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from stream.retry import StuckCall, finish_within, is_transient, retrying
+from stream.kafka.retry import StuckCall, finish_within, is_transient, retrying
 from trainer.source import BatchSource
 
 log = logging.getLogger("test.retry")
@@ -78,7 +78,7 @@ class RefusingConsumer:
 
 
 def source_with(consumer: RefusingConsumer) -> BatchSource:
-    from stream.settings import KafkaSettings
+    from stream.kafka.settings import KafkaSettings
 
     source = BatchSource.__new__(BatchSource)  # no broker needed: only commit() is under test
     source.kafka, source.partitions, source.consumer = KafkaSettings(), [0, 1], consumer

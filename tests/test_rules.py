@@ -8,10 +8,11 @@ import pyarrow as pa
 import pytest
 
 from stream import rules
-from stream.bundle import encode_event_bundle, featurize_arrow_bundle
-from stream.ingest import featurize_records
+from stream.featurizer.bundle import featurize_arrow_bundle
+from stream.featurizer.ingest import featurize_records
+from stream.formats.arrow import encode_event_bundle
+from stream.produce.replay import log_records
 from stream.records import RawRecord
-from stream.replay import log_records
 from tests.helpers import criteo_event
 
 # (what is wrong, the change to a good event, field, rule, paths that can carry it)

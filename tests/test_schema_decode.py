@@ -2,8 +2,8 @@ import numpy as np
 import orjson
 import pytest
 
-from stream.decode import decode_event, event_from_mapping, split_bundle
 from stream.errors import DecodeError, SchemaError
+from stream.featurizer.decode import decode_event, event_from_mapping, split_bundle
 from stream.schema import SCHEMA_DIR, load_schema, schema_from_dict
 from tests.helpers import criteo_event
 
@@ -101,7 +101,7 @@ def test_schema_errors_name_the_key(tmp_path):
 @pytest.mark.parametrize("name", sorted(p.stem for p in SCHEMA_DIR.glob("*.toml")))
 def test_every_bundled_schema_has_a_request_example_that_decodes(name):
     """GET /schema's example for each bundled schema is a request /predict takes; every field named."""
-    from stream.decode import event_from_mapping
+    from stream.featurizer.decode import event_from_mapping
 
     schema = load_schema(name)
     example = schema.request_example()
@@ -113,8 +113,8 @@ def test_every_bundled_schema_has_a_request_example_that_decodes(name):
 def test_integers_are_categories_under_a_string_schema_as_the_log_reader_reads_them():
     """A JSON-ified Avazu row has 1005 where the CSV had "1005": the same event, the same ids; under
     hex32 (Criteo) an integer stays an error (hex or decimal would be a guess)."""
-    from stream.decode import DecodeError, event_from_mapping
-    from stream.featurize import featurize
+    from stream.featurizer.decode import DecodeError, event_from_mapping
+    from stream.featurizer.featurize import featurize
 
     avazu = load_schema("avazu")
     as_text = {**avazu.request_example(), "C1": "1005", "banner_pos": "0"}

@@ -13,15 +13,15 @@ from serving.app import create_app
 from serving.loader import load_served_model
 from serving.predict import predict_events
 from serving.settings import ServingSettings
-from stream.decode import event_from_mapping
+from stream.featurizer.decode import event_from_mapping
 from tests.helpers import criteo_event, trained_trainer, unlabelled
 
 
 @pytest.fixture
 def snapshots(schema, tmp_path):
     trainer = trained_trainer(schema, 2)
-    first = trainer.save(tmp_path / "a")
-    second = trained_trainer(schema, 4).save(tmp_path / "b")
+    first = trainer.checkpoints.save(tmp_path / "a")
+    second = trained_trainer(schema, 4).checkpoints.save(tmp_path / "b")
     return [load_served_model(first, "1", schema), load_served_model(second, "2", schema)]
 
 

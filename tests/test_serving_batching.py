@@ -12,15 +12,17 @@ import pytest
 from serving.batching import Batcher
 from serving.loader import load_served_model
 from serving.predict import predict_events
-from stream.decode import event_from_mapping
+from stream.featurizer.decode import event_from_mapping
 from tests.helpers import criteo_event, trained_trainer
 
 
 @pytest.fixture
 def models(schema, tmp_path):
-    first = trained_trainer(schema, 2).publish_to(tmp_path / "a", trained_trainer(schema, 2).manifest())
+    first = trained_trainer(schema, 2).checkpoints.publish_to(
+        tmp_path / "a", trained_trainer(schema, 2).checkpoints.manifest()
+    )
     second = trained_trainer(schema, 5)
-    second_folder = second.publish_to(tmp_path / "b", second.manifest())
+    second_folder = second.checkpoints.publish_to(tmp_path / "b", second.checkpoints.manifest())
     return load_served_model(first, "1", schema), load_served_model(second_folder, "2", schema)
 
 

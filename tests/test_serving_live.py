@@ -8,7 +8,7 @@ import orjson
 import pyarrow as pa
 
 from serving.live import LiveScores, judged, metrics_of, outcomes_of
-from stream.bundle import encode_table
+from stream.formats.arrow import encode_table
 from trainer.metrics import auc_exact
 
 

@@ -11,7 +11,7 @@ import numpy as np
 from serving.loader import load_served_model
 from serving.predict import predict_events
 from serving.registry import VersionRef, cache_folder, download
-from stream.decode import event_from_mapping
+from stream.featurizer.decode import event_from_mapping
 from tests.helpers import criteo_event, trained_trainer
 from tests.test_snapshot import learn_events
 
@@ -19,8 +19,8 @@ from tests.test_snapshot import learn_events
 def test_two_registries_version_1_never_share_a_cached_download(schema, tmp_path):
     first, second = trained_trainer(schema, 2), trained_trainer(schema, 2)
     learn_events(second, schema, 1000, 3)  # another run: other rows, other weights, the same base step
-    a = first.publish_to(tmp_path / "run-a", first.manifest())
-    b = second.publish_to(tmp_path / "run-b", second.manifest())
+    a = first.checkpoints.publish_to(tmp_path / "run-a", first.checkpoints.manifest())
+    b = second.checkpoints.publish_to(tmp_path / "run-b", second.checkpoints.manifest())
     assert a is not None and b is not None
     ref_a = VersionRef("ctr", "1", a.as_uri(), "run-a")
     ref_b = VersionRef("ctr", "1", b.as_uri(), "run-b")

@@ -17,7 +17,8 @@ from store.placement import shard_of
 from stream.schema import load_schema
 from tests.test_merge import assert_states_close, make_batches, settings, state
 from trainer.errors import TrainerError
-from trainer.group import launch_local
+from trainer.group import Control, launch_local
+from trainer.layouts import Sharded, SharedDense, Synchronous
 from trainer.replica import Trainer
 from trainer.settings import GroupSettings
 from trainer.shard import exchange
@@ -55,8 +56,8 @@ def sharded_vs_synchronous(sparse: str, lists: bool, idle_round: bool, per_event
     syncing, sharded = (Trainer(schema, settings("adam", sparse, per_event=per_event)) for _ in range(2))
     sent = 0
     for batch in batches:
-        expected, _ = syncing.learn_sync(batch)
-        probs, stats = sharded.learn_sharded(batch)
+        expected, _ = Synchronous(syncing).step(batch)
+        probs, stats = Sharded(sharded).step(batch)
         if batch is not None:
             np.testing.assert_allclose(probs, expected, atol=1e-6)  # scored with the same rows
         sent += stats.sparse_bytes
@@ -66,7 +67,7 @@ def sharded_vs_synchronous(sparse: str, lists: bool, idle_round: bool, per_event
 def same_batch_on_every_rank(per_event: bool) -> dict:
     trainer = Trainer(load_schema("criteo"), settings("adam", "ftrl", per_event=per_event))
     for batch in make_batches(seed=7, steps=5):
-        trainer.learn_sharded(batch)
+        Sharded(trainer).step(batch)
     return state(trainer)
 
 
@@ -94,16 +95,16 @@ def snapshot_delta_and_restore(root: str) -> dict:
     syncing, sharded = Trainer(schema, settings("adam", "ftrl")), Trainer(schema, sharded_settings())
     batches = make_batches(seed=rank, steps=4)
     for batch in batches[:3]:
-        syncing.learn_sync(batch)
-        sharded.learn_sharded(batch)
+        Synchronous(syncing).step(batch)
+        Sharded(sharded).step(batch)
     # every rank writes its own rows' file (nobody gathers the table), rank 0 the rest
-    path = sharded.save(root, manifest=sharded.manifest())
-    publication = sharded.publish_to(f"{root}/publications", sharded.manifest())
+    path = sharded.checkpoints.save(root, manifest=sharded.checkpoints.manifest())
+    publication = sharded.checkpoints.publish_to(f"{root}/publications", sharded.checkpoints.manifest())
     syncing.table.take_changed(), sharded.table.take_changed()
     after_three = state(syncing)
-    syncing.learn_sync(batches[3])
-    sharded.learn_sharded(batches[3])
-    changes = sharded.changes(sharded.table.take_changed())
+    Synchronous(syncing).step(batches[3])
+    Sharded(sharded).step(batches[3])
+    changes = sharded.changes_since_publication(Control(dist.get_world_size()))
     out: dict = {"sync3": after_three, "sync": state(syncing), "sync_changed": syncing.table.take_changed()}
     if changes is not None:
         table, changed = changes
@@ -111,7 +112,7 @@ def snapshot_delta_and_restore(root: str) -> dict:
     dist.barrier()  # rank 0's snapshot is on disk
     restored = Trainer(schema, sharded_settings())
     snapshot = sorted(__import__("pathlib").Path(root).glob("step-*"))[-1]
-    restored.restore(snapshot)
+    restored.checkpoints.restore(snapshot)
     out["snapshot"] = str(snapshot) if path is not None else None
     out["publication"] = str(publication) if publication is not None else None
     out["restored"] = state(restored)
@@ -133,7 +134,7 @@ def two_nodes_merging(k: int, row_merge: str, dense: str = "merge") -> dict:
     trainer = Trainer(load_schema("criteo"), replace(base, group=group))
     assert trainer.nodes == 2 and (trainer.compressor is not None) == (dense == "powersgd")
     for i, batch in enumerate(make_batches(seed=dist.get_rank() // 2, steps=6), start=1):
-        trainer.learn_sharded(batch)
+        Sharded(trainer).step(batch)
         if i % k == 0:
             stats = trainer.merge()
             assert stats.rows > 0 and stats.bytes > 0
@@ -152,7 +153,7 @@ def replicas_merging(k: int, row_merge: str, dense: str = "merge") -> dict:
     trainer = Trainer(load_schema("criteo"), replace(base, group=group))
     for i, batch in enumerate(make_batches(seed=dist.get_rank(), steps=6), start=1):
         if dense == "powersgd":
-            trainer.learn_shared_dense(batch)
+            SharedDense(trainer).learn(batch)
         else:
             trainer.learn(batch)
         if i % k == 0:

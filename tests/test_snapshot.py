@@ -9,8 +9,8 @@ from serving.loader import load_served_model
 from serving.predict import predict_events
 from store.ram import RamTier
 from store.table import EmbeddingTable
-from stream.decode import event_from_mapping
-from stream.featurize import featurize
+from stream.featurizer.decode import event_from_mapping
+from stream.featurizer.featurize import featurize
 from tests.helpers import criteo_event, trained_trainer
 from trainer.batch import batch_from_features
 from trainer.configs import make_optimizer
@@ -21,7 +21,7 @@ from trainer.step import predict
 
 def test_round_trip_restores_the_same_predictions(schema, tmp_path):
     trainer = trained_trainer(schema)
-    path = trainer.save(tmp_path)
+    path = trainer.checkpoints.save(tmp_path)
     assert sorted(p.name for p in path.iterdir()) == [
         "dense.safetensors",
         "embeddings.safetensors",
@@ -42,7 +42,7 @@ def test_round_trip_restores_the_same_predictions(schema, tmp_path):
     served = load_served_model(path, "1", schema)
     np.testing.assert_allclose(predict_events(served, events, schema), expected, rtol=1e-5, atol=1e-6)
     resumed = trained_trainer(schema, 0)
-    resumed.restore(path)
+    resumed.checkpoints.restore(path)
     assert resumed.newest_event_ms == manifest.newest_event_ms
     optimizer = make_optimizer(restored.model, trainer.settings)
     load_optimizer_state(path, optimizer)
@@ -54,7 +54,7 @@ def test_round_trip_restores_the_same_predictions(schema, tmp_path):
 
 
 def test_incomplete_or_foreign_snapshots_are_refused(schema, tmp_path):
-    path = trained_trainer(schema, 1).save(tmp_path)
+    path = trained_trainer(schema, 1).checkpoints.save(tmp_path)
     manifest = json.loads((path / "manifest.json").read_text())
     (path / "manifest.json").unlink()
     with pytest.raises(SnapshotError, match="incomplete"):
@@ -75,15 +75,15 @@ def test_incomplete_or_foreign_snapshots_are_refused(schema, tmp_path):
 
 
 def test_no_pickle_anywhere(schema, tmp_path):
-    path = trained_trainer(schema, 1).save(tmp_path)
+    path = trained_trainer(schema, 1).checkpoints.save(tmp_path)
     for file in path.iterdir():
         assert not file.read_bytes().startswith(b"\x80")  # pickle protocol header
 
 
 def test_a_publication_serves_the_trainers_predictions_with_no_optimizer_state(schema, tmp_path):
     trainer = trained_trainer(schema)
-    recovery = trainer.save(tmp_path / "snapshots")
-    publication = trainer.publish_to(tmp_path / "publications", read_manifest(recovery))
+    recovery = trainer.checkpoints.save(tmp_path / "snapshots")
+    publication = trainer.checkpoints.publish_to(tmp_path / "publications", read_manifest(recovery))
     assert sorted(p.name for p in publication.iterdir()) == [
         "dense.safetensors",
         "embeddings.safetensors",
@@ -101,7 +101,7 @@ def test_a_publication_serves_the_trainers_predictions_with_no_optimizer_state(s
 
 def test_a_truncated_publication_is_refused_with_a_clear_error(schema, tmp_path):
     trainer = trained_trainer(schema)
-    publication = trainer.publish_to(tmp_path, read_manifest(trainer.save(tmp_path / "snap")))
+    publication = trainer.checkpoints.publish_to(tmp_path, read_manifest(trainer.checkpoints.save(tmp_path / "snap")))
     embeddings = publication / "embeddings.safetensors"
     embeddings.write_bytes(embeddings.read_bytes()[: embeddings.stat().st_size // 2])
     with pytest.raises(SnapshotError, match="embeddings.safetensors is unreadable"):
@@ -114,7 +114,7 @@ def test_a_snapshot_resumes_under_new_rates_but_not_under_another_row_layout(sch
     from dataclasses import replace
 
     trainer = trained_trainer(schema, 2)
-    path = trainer.save(tmp_path)
+    path = trainer.checkpoints.save(tmp_path)
     config = trainer.table_config
     retuned = replace(config, optim=replace(config.optim, lr=0.01, wide_lr=0.2, wide_per_event=False, l2=1e-4))
     table = EmbeddingTable(RamTier(3 * config.dim, 1 << 26), retuned)
@@ -138,9 +138,9 @@ def test_metrics_go_on_over_the_whole_stream_after_a_resume(schema, tmp_path):
     learn_events(straight, schema, 0, 6)
     before = trained_trainer(schema, 0)
     learn_events(before, schema, 0, 3)
-    path = before.save(tmp_path)
+    path = before.checkpoints.save(tmp_path)
     resumed = trained_trainer(schema, 0)
-    resumed.restore(path)
+    resumed.checkpoints.restore(path)
     assert resumed.metrics.count == 150
     learn_events(resumed, schema, 150, 3)
     a, b = straight.metrics.summary(), resumed.metrics.summary()
@@ -150,7 +150,7 @@ def test_metrics_go_on_over_the_whole_stream_after_a_resume(schema, tmp_path):
 
 
 def test_snapshot_errors_name_the_file(schema, tmp_path):
-    path = trained_trainer(schema, 1).save(tmp_path)
+    path = trained_trainer(schema, 1).checkpoints.save(tmp_path)
     manifest = (path / "manifest.json").read_text()
     (path / "manifest.json").write_text(manifest[:63])
     with pytest.raises(SnapshotError, match=r"manifest\.json is unreadable"):
@@ -174,7 +174,7 @@ def test_a_snapshot_folder_that_cannot_be_written_is_named_at_start_and_at_write
     check_writable(tmp_path / "fine" / "snapshots")  # made, and nothing left behind
     assert list((tmp_path / "fine" / "snapshots").iterdir()) == []
     with pytest.raises(SnapshotError, match="in-the-way/step-000000001: cannot write.*trainer.snapshot.dir"):
-        trained_trainer(schema, 1).save(blocker)
+        trained_trainer(schema, 1).checkpoints.save(blocker)
 
 
 def test_old_recovery_snapshots_are_pruned_to_keep(schema, tmp_path):
@@ -183,7 +183,7 @@ def test_old_recovery_snapshots_are_pruned_to_keep(schema, tmp_path):
     trainer = trained_trainer(schema, 0)
     for first in range(0, 250, 50):
         learn_events(trainer, schema, first, 1)
-        trainer.save(tmp_path)
+        trainer.checkpoints.save(tmp_path)
     (tmp_path / "step-000000002" / "manifest.json").unlink()  # a write cut short, older than the newest
     deleted = prune_snapshots(tmp_path, keep=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000000004", "step-000000005"]
@@ -196,7 +196,7 @@ def test_a_rows_file_names_its_optimizer_state_blocks_for_what_they_are_and_old_
     from safetensors.torch import load_file, save_file
 
     trainer = trained_trainer(schema)
-    path = trainer.save(tmp_path)
+    path = trainer.checkpoints.save(tmp_path)
     file = path / "embeddings.safetensors"
     tensors = load_file(file)
     assert {"ids", "vectors", "state_a", "state_b"} == set(tensors)
@@ -229,7 +229,7 @@ def test_a_full_disk_is_one_line_naming_the_folder_and_leaves_no_half_snapshot(s
         "from trainer.errors import SnapshotError\n"
         "trainer = trained_trainer(load_schema('criteo'), 1)\n"
         "try:\n"
-        f"    trainer.save({str(disk)!r})\n"
+        f"    trainer.checkpoints.save({str(disk)!r})\n"
         "except SnapshotError as exc:\n"
         "    print('ERROR', exc)\n"
         "import os\n"

@@ -12,10 +12,10 @@ import torch
 from store.ram import RamTier
 from store.sparse_optim import SPARSE_OPTIMIZERS, SparseOptimConfig, sparse_step, wide_columns
 from store.table import EmbeddingTable, TableConfig
-from stream.decode import event_from_mapping
-from stream.featurize import featurize
+from stream.featurizer.decode import event_from_mapping
+from stream.featurizer.featurize import featurize
+from stream.produce.synthetic import SyntheticConfig, SyntheticCriteo
 from stream.schema import load_schema
-from stream.synthetic import SyntheticConfig, SyntheticCriteo
 from tests.helpers import criteo_event
 from trainer.batch import Batch, batch_from_features
 from trainer.replica import Trainer

@@ -1,6 +1,6 @@
 """Learning from labels that come late: the fake-negative corrections of Ktena et al. (RecSys 2019). Pure.
 
-Under the join's `fake_negative` policy (stream/join.py) every impression is first learned as a
+Under the join's `fake_negative` policy (stream/join/policy.py) every impression is first learned as a
 negative and a clicked one is learned again as a positive copy. The labels the trainer sees are
 then drawn from b(x) = p(x) / (1 + p(x)) instead of the true click probability p(x). Two ways back:
 

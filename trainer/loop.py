@@ -21,21 +21,20 @@ import logging
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prometheus_client import Gauge
 
 from common.checks import flat_fields
-from stream.prometheus import serve_metrics
+from stream.kafka.prometheus import serve_metrics
+from stream.kafka.settings import KafkaSettings
 from stream.schema import Schema
-from stream.settings import KafkaSettings
 from trainer.configs import store_path
 from trainer.group import Control, in_group, local_gpu
 from trainer.metrics import ProgressiveMetrics, merged_summary
 from trainer.replica import Trainer
-from trainer.rounds import send_delta, take_snapshot
 from trainer.schedule import LoopState, Round, Schedule, decide
 from trainer.settings import MlflowSettings, TrainerSettings
 from trainer.snapshot import check_writable, latest_snapshot
@@ -114,9 +113,10 @@ def _run(
     idle_exit_s: float | None,
     progress: bool,
 ) -> TrainSummary:
+    """One replica's loop: every round it takes at most one batch, the group agrees on what to do
+    (schedule.decide) and every replica does it, until the schedule says stop."""
     from rich.progress import Progress, TextColumn, TimeElapsedColumn
 
-    from trainer.publish import Publisher
     from trainer.source import BatchSource, LearnLog
 
     _prepare_process(settings, rank)
@@ -125,69 +125,46 @@ def _run(
     resumed, state, run_id = _resume(trainer, settings, rank)
     source = BatchSource(kafka, settings.group_id, schema.hash, rank, world, start_offsets=trainer.offsets)
     learn_log = LearnLog(settings.learn_log, rank)
-    k = settings.group.merge_every_steps
-    schedule = Schedule(world, k, settings.snapshot.every_steps, settings.log_every_steps, max_steps, max_events)
-    version: str | None = None
-    snapshot_path: Path | None = None
-    batches_built = 0
-    last_merge_t = last_snapshot_t = last_publish_t = idle_since = time.monotonic()
-    start_events = state.events
-    merged: dict[str, float] = {}
+    schedule = Schedule(
+        world, settings.group.merge_every_steps, settings.snapshot.every_steps, settings.log_every_steps,
+        max_steps, max_events,
+    )  # fmt: skip
+    clocks = _Clocks(time.monotonic())
+    out = _Outcome(start_events=state.events, resumed=resumed)
     bar = Progress(TextColumn("train"), TextColumn("{task.fields[info]}"), TimeElapsedColumn(), disable=not progress)
     batches = source.batches(settings.batch_size, idle_s=settings.idle_s)
     if trainer.prefetches:
         batches = one_ahead(batches, trainer)
     # the MLflow run opens last, right before the loop that ends it (FINISHED, KILLED or FAILED)
-    publisher = None
-    if rank == 0:
-        params = {
-            **flat_fields(settings),
-            "schema_hash": schema.hash,
-            "max_events": max_events,
-            "workers": world,
-            "metrics_labels": METRICS_LABELS[settings.optim.delayed_feedback],
-        }
-        publisher = Publisher(mlflow, params=params, run_id=run_id)
+    publisher = _open_run(schema, settings, mlflow, world, max_events, run_id) if rank == 0 else None
     try:
         with bar:
             task = bar.add_task("train", info="waiting for batches")
             while True:
                 batch = next(batches)
-                now = time.monotonic()
-                if batch is not None:
-                    idle_since = now
-                else:
-                    trainer.idle()
-                publish_due = rank == 0 and 0 < settings.snapshot.publish_every_s <= now - last_publish_t
-                no_base = publisher is not None and publisher.base_path is None  # a delta needs a base first
-                mine = Round.vector(
-                    events=len(batch) if batch is not None else None,
-                    idle=idle_exit_s is not None and now - idle_since >= idle_exit_s,
-                    merge_due=rank == 0 and 0 < settings.group.merge_every_s <= now - last_merge_t,
-                    snapshot_due=rank == 0
-                    and (now - last_snapshot_t >= settings.snapshot.every_s or publish_due and no_base),
-                    publish_due=publish_due,
-                )
+                mine = clocks.round_vector(batch, trainer, settings, publisher, idle_exit_s, rank == 0)
                 state, act = decide(state, Round.from_sum(control.sum(mine)), schedule)
                 if act.learn:
-                    batches_built += _learn(trainer, batch, k, learn_log)
+                    out.batches_built += _learn(trainer, batch, learn_log)
                 if act.merge:
                     _merge(trainer)
                 if act.sync:
-                    last_merge_t = time.monotonic()
+                    clocks.last_merge = time.monotonic()
                 if act.snapshot:
-                    snapshot_path, version = take_snapshot(trainer, control, publisher, source, settings, state.events)
-                    last_snapshot_t = last_publish_t = time.monotonic()
+                    out.snapshot_path, out.version = trainer.checkpoints.snapshot_round(
+                        control, publisher, source, state.events
+                    )
+                    clocks.last_snapshot = clocks.last_publish = time.monotonic()
                 if act.publish:
-                    send_delta(trainer, control, publisher, settings, state.events)
-                    last_publish_t = time.monotonic()
+                    trainer.checkpoints.delta_round(control, publisher, state.events)
+                    clocks.last_publish = time.monotonic()
                 if act.report:
-                    merged = _report(trainer, control, publisher)
-                    info = f"step {trainer.step} events {state.events} auc {merged['progressive_auc']:.4f}"
+                    out.merged = _report(trainer, control, publisher)
+                    info = f"step {trainer.step} events {state.events} auc {out.merged['progressive_auc']:.4f}"
                     bar.update(task, info=info)
                 if act.stop:
                     break
-        merged = _report(trainer, control, publisher)
+        out.merged = _report(trainer, control, publisher)
         if publisher is not None:
             publisher.finish()
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli: cmd_train): stopped by its operator
@@ -201,24 +178,100 @@ def _run(
     finally:
         source.close()
         learn_log.close()
-    learning = trainer.train_seconds + trainer.merge_seconds  # not start-up, waiting or an idle exit
-    window = trainer.metrics.summary()
-    return TrainSummary(
-        steps=trainer.step,
-        events=state.events,
-        batches_built=batches_built,
-        progressive_auc=merged["progressive_auc"],
-        progressive_logloss=merged["progressive_logloss"],
-        window_auc=window["window_auc"],
-        window_logloss=window["window_logloss"],
-        model_version=version,
-        snapshot_path=str(snapshot_path) if snapshot_path else None,
-        samples_per_s=(state.events - start_events) / learning if learning else 0.0,
-        workers=world,
-        merges=trainer.merges,
-        merge_bytes=int(sum(control.gather(trainer.bytes_sent))),
-        resumed_from=str(resumed) if resumed else None,
-    )
+    return out.summary(trainer, control, state.events)
+
+
+@dataclass
+class _Clocks:
+    """When rank 0 last merged, snapshotted and published, and when this replica last had a batch
+    (monotonic seconds): what a round's control vector says is due."""
+
+    last_merge: float
+    last_snapshot: float = 0.0
+    last_publish: float = 0.0
+    idle_since: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.last_snapshot = self.last_publish = self.idle_since = self.last_merge
+
+    def round_vector(
+        self,
+        batch: Batch | None,
+        trainer: Trainer,
+        settings: TrainerSettings,
+        publisher: Publisher | None,
+        idle_exit_s: float | None,
+        leader: bool,
+    ) -> list[float]:
+        """This replica's part of the round's control vector (schedule.Round); only rank 0's clocks
+        say a merge, a snapshot or a delta is due."""
+        now = time.monotonic()
+        if batch is not None:
+            self.idle_since = now
+        else:
+            trainer.idle()
+        publish_due = leader and 0 < settings.snapshot.publish_every_s <= now - self.last_publish
+        no_base = publisher is not None and publisher.base_path is None  # a delta needs a base first
+        return Round.vector(
+            events=len(batch) if batch is not None else None,
+            idle=idle_exit_s is not None and now - self.idle_since >= idle_exit_s,
+            merge_due=leader and 0 < settings.group.merge_every_s <= now - self.last_merge,
+            snapshot_due=leader and (now - self.last_snapshot >= settings.snapshot.every_s or publish_due and no_base),
+            publish_due=publish_due,
+        )
+
+
+@dataclass
+class _Outcome:
+    """What the loop ends with, filled as it goes."""
+
+    start_events: int
+    resumed: Path | None
+    batches_built: int = 0
+    version: str | None = None
+    snapshot_path: Path | None = None
+    merged: dict[str, float] = field(default_factory=dict)
+
+    def summary(self, trainer: Trainer, control: Control, events: int) -> TrainSummary:
+        learning = trainer.train_seconds + trainer.merge_seconds  # not start-up, waiting or an idle exit
+        window = trainer.metrics.summary()
+        return TrainSummary(
+            steps=trainer.step,
+            events=events,
+            batches_built=self.batches_built,
+            progressive_auc=self.merged["progressive_auc"],
+            progressive_logloss=self.merged["progressive_logloss"],
+            window_auc=window["window_auc"],
+            window_logloss=window["window_logloss"],
+            model_version=self.version,
+            snapshot_path=str(self.snapshot_path) if self.snapshot_path else None,
+            samples_per_s=(events - self.start_events) / learning if learning else 0.0,
+            workers=control.world,
+            merges=trainer.merges,
+            merge_bytes=int(sum(control.gather(trainer.bytes_sent))),
+            resumed_from=str(self.resumed) if self.resumed else None,
+        )
+
+
+def _open_run(
+    schema: Schema,
+    settings: TrainerSettings,
+    mlflow: MlflowSettings,
+    world: int,
+    max_events: int | None,
+    run_id: str | None,
+) -> Publisher:
+    """Rank 0's MLflow run (a resumed job's own run again), its parameters every setting."""
+    from trainer.publish import Publisher
+
+    params = {
+        **flat_fields(settings),
+        "schema_hash": schema.hash,
+        "max_events": max_events,
+        "workers": world,
+        "metrics_labels": METRICS_LABELS[settings.optim.delayed_feedback],
+    }
+    return Publisher(mlflow, params=params, run_id=run_id)
 
 
 def one_ahead(batches: Iterator[Batch | None], trainer: Trainer) -> Iterator[Batch | None]:
@@ -236,9 +289,9 @@ def one_ahead(batches: Iterator[Batch | None], trainer: Trainer) -> Iterator[Bat
         current = upcoming
 
 
-def _learn(trainer: Trainer, batch: Batch | None, k: int, learn_log: LearnLog) -> int:
+def _learn(trainer: Trainer, batch: Batch | None, learn_log: LearnLog) -> int:
     """This replica's part of a learning round; returns the stream batches it learned."""
-    trainer.learn_round(batch, k)
+    trainer.learn_round(batch)
     if batch is None:
         return 0
     learn_log.write(batch, trainer.step)
@@ -262,7 +315,7 @@ def _resume(trainer: Trainer, settings: TrainerSettings, rank: int) -> tuple[Pat
     resumed = latest_snapshot(settings.snapshot.dir)
     if resumed is None:
         return None, LoopState(), None
-    manifest = trainer.restore(resumed)
+    manifest = trainer.checkpoints.restore(resumed)
     if rank != 0:  # rank 0 carries the job's counts (events, the metrics' sums): the others add from zero
         trainer.events = 0
         trainer.metrics = ProgressiveMetrics(window=settings.metrics_window)

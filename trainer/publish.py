@@ -20,10 +20,9 @@ from pathlib import Path
 
 from trainer.errors import TrainerError
 from trainer.settings import MlflowSettings
-from trainer.snapshot import MANIFEST, delta_path, folder_bytes, snapshot_name
+from trainer.snapshot import DELTA_TAG, MANIFEST, PUBLICATIONS, delta_path, folder_bytes, snapshot_name
 
 log = logging.getLogger("adstream.trainer")
-DELTA_TAG = "adstream.delta"  # model version tag: the sequence of the newest delta uploaded after the base
 
 
 class Publisher:
@@ -87,7 +86,7 @@ class Publisher:
     def publish(self, folder: Path, step: int, recovery_bytes: int = 0) -> str:
         """Upload a serving publication, register it as a version, point the alias at it; log its
         bytes (and, for comparison, the recovery snapshot's). Returns the version."""
-        artifact_path = f"publications/{snapshot_name(step)}"
+        artifact_path = f"{PUBLICATIONS}/{snapshot_name(step)}"
         self.client.log_artifacts(self.run_id, str(folder), artifact_path)
         published = folder_bytes(folder)
         self.log_metrics({"publish_bytes": float(published), "recovery_snapshot_bytes": float(recovery_bytes)}, step)

@@ -63,7 +63,9 @@ def snapshot_name(step: int) -> str:
     return f"{FOLDER_PREFIX}{step:09d}"
 
 
-DELTAS = "deltas"  # the folder of a base publication's deltas, beside its files
+DELTAS = "deltas"  # the folder of a base publication's deltas, beside its files (and where a delta is staged)
+PUBLICATIONS = "publications"  # the folder of base publications: under trainer.snapshot.dir, and in the run's artifacts
+DELTA_TAG = "adstream.delta"  # model version tag: the sequence of the newest delta uploaded after the base
 
 
 def delta_path(sequence: int) -> str:

@@ -16,12 +16,12 @@ from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
-from stream.batch_codec import decode_batch
 from stream.errors import StreamError
-from stream.kafka_log import broker_back, quiet_logs
+from stream.formats.batch_codec import decode_batch
+from stream.kafka.client_log import broker_back, quiet_logs
+from stream.kafka.retry import retrying
+from stream.kafka.settings import KafkaSettings
 from stream.records import FeatureBatch
-from stream.retry import retrying
-from stream.settings import KafkaSettings
 from trainer.batch import Batch, batch_from_features
 from trainer.errors import TrainerError
 
@@ -68,7 +68,7 @@ class BatchSource:
     ) -> None:
         from confluent_kafka import Consumer, TopicPartition
 
-        from stream.topics import ensure_topics
+        from stream.kafka.topics import ensure_topics
 
         self.kafka = kafka
         self.schema_hash = schema_hash

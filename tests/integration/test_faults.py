@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from stream.batch_codec import decode_batch
-from stream.replay import replay, synthetic_records
+from stream.formats.batch_codec import decode_batch
+from stream.kafka.topics import ensure_topics
+from stream.produce.replay import replay, synthetic_records
+from stream.produce.synthetic import SyntheticCriteo
 from stream.schema import load_schema
-from stream.synthetic import SyntheticCriteo
-from stream.topics import ensure_topics
 from tests.integration.helpers import drain, restart_broker, start_cli, stop_process
 
 pytestmark = pytest.mark.integration

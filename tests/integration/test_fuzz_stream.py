@@ -13,13 +13,13 @@ import numpy as np
 import orjson
 import pytest
 
-from stream.batch_codec import decode_batch
-from stream.bundle import encode_event_bundle
-from stream.decode import decode_event
 from stream.errors import DecodeError
-from stream.replay import KafkaWriter
+from stream.featurizer.decode import decode_event
+from stream.formats.arrow import encode_event_bundle
+from stream.formats.batch_codec import decode_batch
+from stream.kafka.topics import ensure_topics
+from stream.produce.replay import KafkaWriter
 from stream.schema import load_schema
-from stream.topics import ensure_topics
 from tests.helpers import criteo_event
 from tests.integration.helpers import drain, start_cli, stop_process
 

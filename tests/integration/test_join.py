@@ -17,14 +17,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from stream.bundle import event_table, is_arrow_bundle
-from stream.clicks import interleave, split_clicks
-from stream.join_output import read_events
-from stream.partitioner import murmur2_partition
-from stream.replay import ReplayRecord, replay
-from stream.settings import JoinSettings
-from stream.synthetic import SyntheticConfig, SyntheticCriteo
-from stream.topics import ensure_topics
+from stream.formats.arrow import event_table, is_arrow_bundle
+from stream.join.outputs import read_events
+from stream.join.settings import JoinSettings
+from stream.kafka.partitioner import murmur2_partition
+from stream.kafka.topics import ensure_topics
+from stream.produce.clicks import interleave, split_clicks
+from stream.produce.replay import ReplayRecord, replay
+from stream.produce.synthetic import SyntheticConfig, SyntheticCriteo
 
 from .helpers import start_cli
 

@@ -15,12 +15,12 @@ from adstream.demo import wait_for_model
 from common.checks import with_changes
 from store.ram import RamTier
 from store.table import EmbeddingTable, TableConfig
-from stream.decode import event_from_mapping
-from stream.featurize import featurize
-from stream.replay import log_records, replay, synthetic_records
+from stream.featurizer.decode import event_from_mapping
+from stream.featurizer.featurize import featurize
+from stream.kafka.topics import ensure_topics
+from stream.produce.replay import log_records, replay, synthetic_records
+from stream.produce.synthetic import SyntheticCriteo
 from stream.schema import load_schema
-from stream.synthetic import SyntheticCriteo
-from stream.topics import ensure_topics
 from tests.helpers import CRITEO_FILES, ROOT, avazu_csv, needs_shared
 from tests.integration.helpers import free_port, start_cli, stop_process
 from trainer.batch import batch_from_features

@@ -19,13 +19,13 @@ from safetensors.numpy import load_file
 
 from adstream.config import Config
 from common.checks import with_changes
-from stream.batch_codec import encode_batch
-from stream.ingest import featurize_records
+from stream.featurizer.ingest import featurize_records
+from stream.formats.batch_codec import encode_batch
+from stream.kafka.topics import ensure_topics
+from stream.produce.replay import synthetic_records
+from stream.produce.synthetic import SyntheticCriteo
 from stream.records import RawRecord
-from stream.replay import synthetic_records
 from stream.schema import load_schema
-from stream.synthetic import SyntheticCriteo
-from stream.topics import ensure_topics
 from trainer.snapshot import latest_snapshot, read_manifest
 
 from .helpers import start_cli

@@ -57,7 +57,7 @@ def test_replicas_with_sharded_rows_learn_every_record_and_snapshot_every_row(is
     gathers every replica's, so it holds the row of every id on the topic."""
     import numpy as np
 
-    from stream.batch_codec import decode_batch
+    from stream.formats.batch_codec import decode_batch
 
     produce_batches(isolated)
     config = job_config(isolated, tmp_path, "sharded")

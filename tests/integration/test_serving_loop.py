@@ -17,14 +17,14 @@ from serving.app import create_app
 from serving.impressions import SERVED
 from serving.loader import load_served_model
 from serving.predict import predict_events
-from stream.batch_codec import decode_batch, encode_batch
-from stream.decode import decode_event, event_from_mapping
-from stream.featurize import featurize
-from stream.join_input import ClickFields, read_clicks, read_impressions
-from stream.join_output import labelled
-from stream.partitioner import murmur2_partition
+from stream.featurizer.decode import decode_event, event_from_mapping
+from stream.featurizer.featurize import featurize
+from stream.formats.batch_codec import decode_batch, encode_batch
+from stream.join.inputs import ClickFields, read_clicks, read_impressions
+from stream.join.outputs import labelled
+from stream.kafka.partitioner import murmur2_partition
+from stream.kafka.topics import ensure_topics
 from stream.records import RawRecord
-from stream.topics import ensure_topics
 from tests.helpers import trained_trainer, unlabelled
 from tests.integration.helpers import drain, kill_broker, start_broker
 from trainer.batch import batch_from_features
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def served(schema, tmp_path):
-    return load_served_model(trained_trainer(schema, 3).save(tmp_path / "snap"), "1", schema)
+    return load_served_model(trained_trainer(schema, 3).checkpoints.save(tmp_path / "snap"), "1", schema)
 
 
 def logging_app(config, schema, served, tmp_path):

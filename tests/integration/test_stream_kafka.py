@@ -7,11 +7,11 @@ import uuid
 import orjson
 import pytest
 
-from stream.batch_codec import decode_batch
-from stream.bundle import encode_event_bundle
-from stream.replay import KafkaWriter, log_records, replay
+from stream.formats.arrow import encode_event_bundle
+from stream.formats.batch_codec import decode_batch
+from stream.kafka.topics import ensure_topics
+from stream.produce.replay import KafkaWriter, log_records, replay
 from stream.schema import load_schema
-from stream.topics import ensure_topics
 from tests.integration.helpers import drain, start_cli, stop_process
 
 pytestmark = pytest.mark.integration
@@ -89,8 +89,8 @@ def test_replay_sends_a_record_over_the_message_limit_to_the_dlq_naming_the_fix(
     DLQ, cut to fit, with the reason and the fix; a bad log line over the limit is cut to fit too."""
     from dataclasses import replace
 
-    from stream.replay import synthetic_records
-    from stream.synthetic import SyntheticCriteo
+    from stream.produce.replay import synthetic_records
+    from stream.produce.synthetic import SyntheticCriteo
 
     schema = load_schema()
     kafka = replace(isolated.kafka, max_message_bytes=64 << 10)
@@ -113,7 +113,7 @@ def test_a_trainer_fed_batches_of_another_schema_stops_naming_both_and_the_fix(i
     exit 0 with an AUC of NaN."""
     from dataclasses import replace
 
-    from stream.batch_codec import encode_batch
+    from stream.formats.batch_codec import encode_batch
     from tests.helpers import random_feature_batch
     from trainer.errors import TrainerError
     from trainer.source import FOREIGN_STOP, BatchSource
@@ -142,7 +142,7 @@ def test_a_trainer_with_a_backlog_learns_its_partitions_in_step_in_event_time(is
 
     import numpy as np
 
-    from stream.batch_codec import encode_batch
+    from stream.formats.batch_codec import encode_batch
     from tests.helpers import random_feature_batch
     from trainer.source import BatchSource
 
@@ -176,8 +176,8 @@ def test_adstream_dlq_counts_by_reason_and_shows_the_newest_letters(isolated, tm
     """`adstream dlq`: a user used to write a consumer to see why records were rejected (#29 item 9)."""
     import json
 
-    from stream.dead_letters import read_dead_letters
-    from stream.outputs import dead_letter
+    from stream.formats.dead_letter import dead_letter
+    from stream.kafka.dead_letters import read_dead_letters
     from tests.integration.helpers import start_cli
 
     kafka = isolated.kafka
@@ -215,7 +215,7 @@ def test_adstream_status_shows_the_processes_groups_dead_letters_and_serving(iso
     """#29 item 8: status listed Kafka and MLflow only."""
     import time
 
-    from stream.outputs import dead_letter
+    from stream.formats.dead_letter import dead_letter
     from tests.integration.helpers import free_port, start_cli
 
     config = replace_serving_port(isolated, free_port())
@@ -264,8 +264,8 @@ def replace_serving_port(config, port):
 
 
 def synthetic_records_of(n: int):
-    from stream.replay import synthetic_records
-    from stream.synthetic import SyntheticCriteo
+    from stream.produce.replay import synthetic_records
+    from stream.produce.synthetic import SyntheticCriteo
 
     schema = load_schema()
     events, _ = SyntheticCriteo(schema).generate(n)

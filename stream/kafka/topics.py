@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stream.errors import StreamError
-from stream.settings import KafkaSettings
+from stream.kafka.settings import KafkaSettings
 
 
 def ensure_topics(kafka: KafkaSettings, timeout_s: float = 30.0) -> list[str]:

@@ -1,7 +1,7 @@
 """Reading the dead-letter topic back (`adstream dlq`): what was rejected, where, and why.
 
 Every stage that rejects a record (replay, the joiner, the featurizer) writes it to
-`adstream.events.dlq` with the headers `reason`, `stage` and `source` (stream/outputs.py:
+`adstream.events.dlq` with the headers `reason`, `stage` and `source` (stream/featurizer/outputs.py:
 dead_letter). `read_dead_letters` reads the topic from its start to its end as of the call (no
 consumer group is committed: reading changes nothing), counts the letters by reason and keeps the
 newest `limit` that match a reason filter.
@@ -15,7 +15,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from stream.errors import StreamError
-from stream.settings import KafkaSettings
+from stream.kafka.settings import KafkaSettings
 
 QUIET_END_S = 2.0  # nothing more delivered for this long: the partitions' ends are reached
 

@@ -1,11 +1,11 @@
 """The joiner (`adstream join`): impressions + clicks on Kafka -> labelled events, exactly once.
 
     adstream.impressions --+
-                           +--> read_impressions / read_clicks --> Cursor (stream/join.py) --> adstream.events
-    adstream.clicks -------+        (stream/join_input.py)          entries in RocksDB          (+ the DLQ)
+                           +--> read_impressions / read_clicks --> Cursor (stream/join/policy.py) --> adstream.events
+    adstream.clicks -------+        (stream/join/inputs.py)          entries in RocksDB          (+ the DLQ)
 
 A thin shell around the join's rules: it reads a chunk of records, moves each partition's Cursor
-(whose entries live in that partition's RocksDB, stream/join_state.py), and writes what came out.
+(whose entries live in that partition's RocksDB, stream/join/state.py), and writes what came out.
 
 Exactly once, the design: each chunk ends in two commits, in this order:
 1. RocksDB, one atomic write per partition: the changed entries, the next input offsets, and the
@@ -22,7 +22,7 @@ every start (minutes for a 30-minute window) and its transactions are per partit
 while a join reads two; this is one poll loop, one write and one transaction per chunk.
 
 Partitions: impressions and clicks have as many partitions, and an impression id's state lives in
-the partition its id hashes to (murmur2, Java's default partitioner: stream/partitioner.py). A
+the partition its id hashes to (murmur2, Java's default partitioner: stream/kafka/partitioner.py). A
 record that arrived elsewhere (a producer with another partitioner: librdkafka's default is CRC32)
 is moved there, as Kafka Streams' repartition topics do, but onto the same topic: it goes out as a
 record to its own partition inside the chunk's transaction, with the input offset that consumed it,
@@ -55,19 +55,21 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 from prometheus_client import Counter, Gauge
 
-from stream.bundle import encode_table
-from stream.join import Click, Cursor, Emission, Impression, JoinRules, RowRef, payload_kept_ms
-from stream.join_input import ClickFields, click_record, one_impression, read_clicks, read_impressions
-from stream.join_output import event_records
-from stream.join_state import PartitionState, PendingOutput, Progress
-from stream.kafka_log import broker_back, quiet_logs
-from stream.outputs import RECORD_OVERHEAD, dead_letter
-from stream.partitioner import murmur2_partitions
-from stream.prometheus import serve_metrics
+from stream.formats.arrow import encode_table
+from stream.formats.clicks import click_record
+from stream.formats.dead_letter import RECORD_OVERHEAD, dead_letter
+from stream.join.inputs import ClickFields, one_impression, read_clicks, read_impressions
+from stream.join.outputs import event_records
+from stream.join.policy import Click, Cursor, Emission, Impression, JoinRules, RowRef, payload_kept_ms
+from stream.join.state import PartitionState, PendingOutput, Progress
+from stream.kafka.client_log import broker_back, quiet_logs
+from stream.kafka.partitioner import murmur2_partitions
+from stream.kafka.prometheus import serve_metrics
+from stream.kafka.retry import StuckCall, finish_within, is_transient, retrying
+from stream.kafka.settings import KafkaSettings
 from stream.records import RawRecord, Rejected
-from stream.retry import StuckCall, finish_within, is_transient, retrying
 from stream.schema import Schema, load_schema
-from stream.settings import KafkaSettings, StreamSettings
+from stream.settings import StreamSettings
 
 log = logging.getLogger("adstream.join")
 STUCK_MARGIN_S = 30.0  # a transactional call this far past its own timeout is stuck (librdkafka #5456)
@@ -654,7 +656,7 @@ def run_joiner(
     Kafka refuses for good ends the process with status 70 after what is committed (nothing is
     lost: a restart resends)."""
     from common.processes import stop_requested
-    from stream.topics import ensure_topics
+    from stream.kafka.topics import ensure_topics
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     collect_garbage_rarely()
@@ -685,7 +687,7 @@ def run_joiner(
 
 def run_joiners(kafka: KafkaSettings, settings: StreamSettings, workers: int, until_idle_s: float | None = None) -> int:
     """`workers` joiner processes, partitions split between them (worker i: p % workers == i)."""
-    from stream.children import run_children
+    from stream.kafka.children import run_children
 
     if workers == 1:  # each worker creates the topics it needs (run_joiner)
         run_joiner(kafka, settings, until_idle_s=until_idle_s)

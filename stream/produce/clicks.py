@@ -20,9 +20,9 @@ import numpy as np
 import pyarrow as pa
 
 from stream.errors import StreamError
-from stream.join_input import click_record
-from stream.partitioner import murmur2_partition
-from stream.replay import ReplayRecord, table_records
+from stream.formats.clicks import click_record
+from stream.kafka.partitioner import murmur2_partition
+from stream.produce.replay import ReplayRecord, table_records
 from stream.schema import Schema
 
 

@@ -22,14 +22,16 @@ from typing import Any, NoReturn
 import faust
 from prometheus_client import Counter
 
-from stream.faust_hot_path import QuietMonitor
-from stream.ingest import featurize_isolating
-from stream.outputs import BATCHES, DLQ, Output, plan_outputs
-from stream.prometheus import serve_metrics
+from stream.featurizer.faust_hot_path import QuietMonitor
+from stream.featurizer.ingest import featurize_isolating
+from stream.featurizer.outputs import plan_outputs
+from stream.formats.dead_letter import BATCHES, DLQ, Output
+from stream.kafka.prometheus import serve_metrics
+from stream.kafka.retry import is_transient
+from stream.kafka.settings import KafkaSettings
 from stream.records import RawRecord, Rejected
-from stream.retry import is_transient
 from stream.schema import Schema, load_schema
-from stream.settings import KafkaSettings, StreamSettings
+from stream.settings import StreamSettings
 
 log = logging.getLogger("adstream.stream")
 FAUST_DIR = ".state/faust"
@@ -164,7 +166,7 @@ def run_worker(kafka: KafkaSettings, settings: StreamSettings, loglevel: str = "
     """Run the Faust worker in the foreground until SIGINT/SIGTERM."""
     import mode.loop
 
-    from stream.topics import ensure_topics
+    from stream.kafka.topics import ensure_topics
 
     # uvloop runs asyncio's own machinery (futures, handles, the selector: a fifth of the worker's
     # time with one event per record) in C; it must be chosen before Faust makes its loop
@@ -182,8 +184,8 @@ def run_workers(kafka: KafkaSettings, settings: StreamSettings, workers: int, lo
     """Run `workers` Faust workers of the one app (one process each; Kafka splits the partitions
     between them, so more workers than partitions leaves some idle). Returns when one exits (the
     others are stopped) or on SIGINT/SIGTERM; the exit code is the first non-zero child's."""
-    from stream.children import run_children
-    from stream.topics import ensure_topics
+    from stream.kafka.children import run_children
+    from stream.kafka.topics import ensure_topics
 
     ensure_topics(kafka)
     if workers > kafka.partitions:

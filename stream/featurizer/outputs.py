@@ -15,37 +15,11 @@ output is planned to fit before anything is sent:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import orjson
 
-from stream.batch_codec import encode_batch
+from stream.formats.batch_codec import encode_batch
+from stream.formats.dead_letter import BATCHES, Output, dead_letter
 from stream.records import FeatureBatch, Rejected
-
-RECORD_OVERHEAD = 512  # bytes a record adds to key + value + headers on the wire (batch header, varints)
-MAX_REASON_CHARS = 1000  # a dead letter's reason is cut here (it names a field and a rule, rarely more)
-BATCHES, DLQ = "batches", "dlq"  # Output.topic: which of the featurizer's two outputs
-
-
-@dataclass(frozen=True)
-class Output:
-    """One Kafka record to write: to the batches topic (an Arrow batch) or the dead-letter topic."""
-
-    topic: str  # BATCHES or DLQ
-    key: bytes | None
-    value: bytes
-    headers: dict[str, bytes]
-    events: int  # events in a batch (0 for a dead letter)
-
-    @property
-    def size(self) -> int:
-        return record_size(self.key, self.value, self.headers)
-
-
-def record_size(key: bytes | None, value: bytes, headers: dict[str, bytes] | None = None) -> int:
-    """The bytes Kafka counts against the message limit for one record, overhead included."""
-    header_bytes = sum(len(k) + len(v) for k, v in (headers or {}).items())
-    return len(key or b"") + len(value) + header_bytes + RECORD_OVERHEAD
 
 
 def plan_outputs(
@@ -80,21 +54,3 @@ def _fit_batch(part: FeatureBatch, max_bytes: int, out: list[Output], too_large:
         )
         value = orjson.dumps({"event_id": part.event_ids[0][:256]})
         too_large.append(Rejected(int(part.partitions[0]), int(part.offsets[0]), value, reason))
-
-
-def dead_letter(
-    value: bytes, reason: str, source: str, max_bytes: int, stage: str = "stream", key: bytes | None = None
-) -> Output:
-    """The dead letter of a rejected record: its bytes, the reason and where it came from (`source`:
-    partition:offset on the events topic, or a log file's line), cut to fit the message limit."""
-    headers = {
-        "reason": reason[:MAX_REASON_CHARS].encode(),
-        "stage": stage.encode(),
-        "source": source[:MAX_REASON_CHARS].encode(),
-    }
-    letter = Output(DLQ, key, value, headers, 0)
-    if letter.size <= max_bytes:
-        return letter
-    headers["truncated"] = str(len(value)).encode()  # the whole record stays at `source`
-    room = max_bytes - Output(DLQ, key, b"", headers, 0).size
-    return Output(DLQ, key, value[: max(room, 0)], headers, 0)

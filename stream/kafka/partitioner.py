@@ -4,7 +4,7 @@ The joiner keeps an impression's state in the partition its impression id hashes
 must be read from the same partition of the clicks topic. Java clients and Kafka Streams place a
 keyed record by murmur2 of its key; librdkafka (confluent-kafka) does so with
 `partitioner=murmur2_random`, while its default (`consistent_random`, CRC32) places keys elsewhere.
-A record on another partition than its id's is moved by the joiner (stream/joiner.py), so any
+A record on another partition than its id's is moved by the joiner (stream/join/joiner.py), so any
 producer works, but one with murmur2 saves that hop.
 """
 

@@ -15,18 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import numpy as np
-import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stream.bundle import encode_table, event_table
 from stream.errors import StreamError
-from stream.kafka_log import broker_back, quiet_logs
-from stream.logs import read_log
-from stream.outputs import dead_letter, record_size
+from stream.formats.arrow import encode_table, event_table
+from stream.formats.dead_letter import dead_letter, record_size
+from stream.formats.json_lines import json_lines, utf8_values
+from stream.kafka.client_log import broker_back, quiet_logs
+from stream.kafka.settings import KafkaSettings
+from stream.produce.logs import read_log
 from stream.schema import Schema
-from stream.settings import KafkaSettings
 
 BUNDLE_FORMATS = ("json", "arrow")
 
@@ -58,52 +57,6 @@ class ReplayRecord(NamedTuple):
     partition: int | None = None  # the partition to write to (None: the producer's partitioner, by key)
 
 
-_ESCAPED = np.zeros(256, dtype=bool)  # bytes JSON needs escaped inside a string: '"', '\\', controls
-_ESCAPED[[ord('"'), ord("\\"), *range(0x20)]] = True
-
-
-def _string_buffers(strings: pa.Array) -> tuple[np.ndarray, bytes | pa.Buffer]:
-    """A (32-bit offset) string array's value offsets (n + 1,) and its data buffer, the array
-    unsliced first so the offsets index the buffer from its start."""
-    if strings.offset:
-        strings = pa.concat_arrays([strings])
-    offsets = np.frombuffer(strings.buffers()[1], dtype=np.int32, count=len(strings) + 1)
-    return offsets, strings.buffers()[2] if strings.buffers()[2] is not None else b""
-
-
-def _needs_escape(column: pa.Array) -> bool:
-    offsets, data = _string_buffers(column)
-    return bool(_ESCAPED[np.frombuffer(data, dtype=np.uint8)[offsets[0] : offsets[-1]]].any())
-
-
-def json_lines(table: pa.Table) -> list[bytes]:
-    """Each row of a bundle-layout table as one JSON object, built column-wise in Arrow (no Python
-    per value): {"<column>": value, ...}, null for a missing value."""
-    if not table.num_rows or not table.num_columns:
-        return []
-    pieces: list[object] = []  # '{"a":', values of a, ',"b":', values of b, ..., '}' joined with ""
-    for i, name in enumerate(table.column_names):
-        column = table.column(name).combine_chunks()
-        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-            if _needs_escape(column):  # rare: let orjson quote these columns value by value
-                text = pa.array([None if v is None else orjson.dumps(v).decode() for v in column.to_pylist()])
-            else:
-                text = pc.binary_join_element_wise('"', column, '"', "")
-        elif pa.types.is_list(column.type):  # list fields: JSON arrays, value by value
-            text = pa.array([None if v is None else orjson.dumps(v).decode() for v in column.to_pylist()], pa.string())
-        else:
-            text = column.cast(pa.string())
-        pieces += [("{" if i == 0 else ",") + orjson.dumps(name).decode() + ":", pc.fill_null(text, "null")]
-    return _utf8_values(pc.binary_join_element_wise(*pieces, "}", ""))
-
-
-def _utf8_values(strings: pa.Array) -> list[bytes]:
-    """A string array without nulls -> its values as bytes, cut from the one data buffer."""
-    offsets, buffer = _string_buffers(strings)
-    data, bounds = bytes(buffer), offsets.tolist()
-    return [data[start:end] for start, end in zip(bounds[:-1], bounds[1:], strict=True)]
-
-
 def table_records(table: pa.Table, schema: Schema, bundle: int = 1, fmt: str = "json") -> Iterator[ReplayRecord]:
     """Encode a bundle-layout table as Kafka records: one JSON event each, or bundles of `bundle` rows."""
     if fmt not in BUNDLE_FORMATS:
@@ -118,7 +71,7 @@ def table_records(table: pa.Table, schema: Schema, bundle: int = 1, fmt: str = "
         return
     lines = json_lines(table)
     if bundle <= 1:
-        keys = _utf8_values(pc.fill_null(table.column(schema.event_id).combine_chunks().cast(pa.string()), "None"))
+        keys = utf8_values(pc.fill_null(table.column(schema.event_id).combine_chunks().cast(pa.string()), "None"))
         yield from map(ReplayRecord, keys, lines, [1] * len(lines))
         return
     ids = table.column(schema.event_id).to_pylist()

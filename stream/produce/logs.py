@@ -27,8 +27,9 @@ import pyarrow.csv as pcsv
 import pyarrow.json as pjson
 
 from stream import rules
-from stream.bundle import bundle_schema, check_table
 from stream.errors import StreamError
+from stream.featurizer.bundle import check_table
+from stream.formats.arrow import bundle_schema
 from stream.schema import Schema
 
 BASE_TS_MS = 1_400_000_000_000  # the time of row 0 when a log has no time column

@@ -41,16 +41,15 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import NamedTuple
 
 from stream.errors import StreamError
 
-POLICIES = ("window", "fake_negative", "elapsed")
-
-# Emission.kind: what an emitted labelled event is, so the trainer can weight it and score each
-# impression once (its first emission) against its final label
+# Emission.kind: what an emitted labelled event is. It stays in the joiner (counters, tests, the join
+# bench); the events written carry only the label, and the trainer tells a positive copy by its
+# repeated event id (trainer/delayed.py)
 FINAL = "final"  # window: the one emission, with the final label
 FAKE_NEGATIVE = "fake_negative"  # fake_negative: the at-once emission, labelled 0
 ELAPSED = "elapsed"  # elapsed: the emission after elapsed_ms, with the label seen by then
@@ -69,19 +68,57 @@ FORGOTTEN_CLICK = (
 
 
 @dataclass(frozen=True)
+class JoinPolicy:
+    """What one policy does differently, read by the transitions below; adding a policy is one more
+    of these (and the branches its traits need), never another string compared."""
+
+    name: str  # stream.join.policy
+    emits_at_once: bool  # every impression emitted at once, labelled 0 (then a positive copy on a click)
+    waits_elapsed: bool  # an impression is emitted elapsed_ms after its time, with the label seen by then
+    final_labels: bool  # one emission per impression, with its final label; a late click corrects nothing
+    # the trainer.optim.delayed_feedback modes that learn right from this policy's labels: final labels
+    # need no correction; fake negatives and positive copies need FNW's weights or FNC's calibration
+    delayed_feedback: tuple[str, ...]
+
+
+WINDOW = JoinPolicy("window", False, False, True, ("none",))
+FAKE_NEGATIVE_POLICY = JoinPolicy("fake_negative", True, False, False, ("fnw", "fnc"))
+ELAPSED_POLICY = JoinPolicy("elapsed", False, True, False, ("fnw", "fnc"))
+POLICIES = {p.name: p for p in (WINDOW, FAKE_NEGATIVE_POLICY, ELAPSED_POLICY)}
+
+
+def check_delayed_feedback(policy: str, delayed_feedback: str) -> None:
+    """Refuse a trainer that would learn the joiner's labels with the wrong weights (window + fnw
+    trains on weights meant for fake negatives; fake_negative + none learns every clicked impression
+    as a negative too), naming both settings."""
+    allowed = POLICIES[policy].delayed_feedback
+    if delayed_feedback not in allowed:
+        raise StreamError(
+            f"config stream.join.policy={policy!r} with trainer.optim.delayed_feedback={delayed_feedback!r}: "
+            f"that policy's labels are learned with delayed_feedback {' or '.join(map(repr, allowed))}; set one"
+        )
+
+
+@dataclass(frozen=True)
 class JoinRules:
-    policy: str = "window"  # "window", "fake_negative" or "elapsed": see the module docstring
-    window_ms: int = 30 * 60_000  # attribution window: a click counts if it comes this soon after its impression
-    allowed_lateness_ms: int = 60_000  # how far event time may run out of order (and an early click waits)
-    elapsed_ms: int = 60_000  # "elapsed": how long an impression waits for its click before it is emitted
+    """The join's settings in event-time milliseconds, with the policy resolved. Built from
+    [stream.join] by JoinSettings.rules() (stream/join/settings.py), where each knob and its default
+    is declared; the transitions read only this."""
+
+    policy: str  # a POLICIES name: see the module docstring
+    window_ms: int  # attribution window: a click counts if it comes this soon after its impression
+    allowed_lateness_ms: int  # how far event time may run out of order (and an early click waits)
+    elapsed_ms: int  # "elapsed": how long an impression waits for its click before it is emitted
+    kind: JoinPolicy = field(init=False, repr=False, compare=False)  # POLICIES[policy]
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise StreamError(f"config stream.join.policy={self.policy!r}: use one of {list(POLICIES)}")
+        object.__setattr__(self, "kind", POLICIES[self.policy])
         for name in ("window_ms", "allowed_lateness_ms", "elapsed_ms"):
             if getattr(self, name) < 0:
                 raise StreamError(f"config stream.join.{name[:-3]}_s={getattr(self, name) / 1000}: must be >= 0")
-        if self.policy == "elapsed" and self.elapsed_ms > self.window_ms:
+        if self.kind.waits_elapsed and self.elapsed_ms > self.window_ms:
             raise StreamError(
                 f"config stream.join.elapsed_s={self.elapsed_ms / 1000} is longer than "
                 f"window_s={self.window_ms / 1000}: an impression would be emitted after its window closed; "
@@ -91,7 +128,7 @@ class JoinRules:
 
 class RowRef(NamedTuple):
     """Where an impression of an Arrow bundle lies: row `row` of the bundle the impressions partition
-    held at `offset` (the joiner stores each bundle once, stream/join_state.py, and emits Arrow)."""
+    held at `offset` (the joiner stores each bundle once, stream/join/state.py, and emits Arrow)."""
 
     offset: int
     row: int
@@ -182,7 +219,7 @@ def payload_kept_ms(s: JoinRules) -> int:
     """How long after an impression's time an emission may still need its payload: under "window"
     until its window closes (the last emission), else until it is forgotten (a late click's
     correction). The joiner drops a stored bundle once the watermark is this far past its newest row."""
-    return s.window_ms if s.policy == "window" else 2 * s.window_ms + s.allowed_lateness_ms
+    return s.window_ms if s.kind.final_labels else 2 * s.window_ms + s.allowed_lateness_ms
 
 
 def on_impression(entry: Entry | None, imp: Impression, watermark: int, s: JoinRules) -> Step:
@@ -190,9 +227,9 @@ def on_impression(entry: Entry | None, imp: Impression, watermark: int, s: JoinR
     at once as a negative. Its timer: the window's close (or elapsed_ms under "elapsed")."""
     if entry is not None and entry.impression is not None:
         return Step(entry, counts=Counts(duplicate_impressions=1))
-    fresh = Entry(impression=imp, due=imp.ts + s.elapsed_ms if s.policy == "elapsed" else _closes(imp, s))
+    fresh = Entry(impression=imp, due=imp.ts + s.elapsed_ms if s.kind.waits_elapsed else _closes(imp, s))
     emit: list[Emission] = []
-    if s.policy == "fake_negative":
+    if s.kind.emits_at_once:
         emit.append(_emission(imp, 0, FAKE_NEGATIVE))
         fresh = Entry(imp, False, True, False, None, fresh.due)
     step = Step(fresh, tuple(emit))
@@ -219,7 +256,7 @@ def on_click(entry: Entry | None, click: Click, watermark: int, s: JoinRules) ->
         return Step(entry, counts=Counts(duplicate_clicks=1))
     if click.ts - imp.ts > s.window_ms or entry.closed:  # after the window, or after it was closed: late
         late = _clicked(entry)
-        if s.policy == "window":  # its label is 0, emitted or to be
+        if s.kind.final_labels:  # its label is 0, emitted or to be
             return Step(late, counts=Counts(late_clicks=1))
         first: tuple[Emission, ...] = ()
         if not entry.emitted:  # "elapsed" whose timer has not fired yet: the label seen at elapsed_ms was 0
@@ -227,7 +264,7 @@ def on_click(entry: Entry | None, click: Click, watermark: int, s: JoinRules) ->
             late = late._replace(emitted=True, due=_closes(imp, s))
         return Step(late, (*first, _emission(imp, 1, LATE_POSITIVE)), counts=Counts(late_clicks=1))
     clicked = _clicked(entry)
-    if s.policy == "window":  # the label is final: emit and close
+    if s.kind.final_labels:  # the label is final: emit and close
         return Step(_closed(clicked, s), (_emission(imp, 1, FINAL),))
     if not entry.emitted:  # "elapsed" before its time: wait, the label at emission will be 1
         return Step(clicked)
@@ -242,7 +279,7 @@ def on_timer(entry: Entry, watermark: int, s: JoinRules) -> Step:
     imp = entry.impression
     if entry.closed:
         return Step(None)  # remembered long enough for late and duplicate clicks
-    if s.policy == "elapsed" and not entry.emitted:
+    if s.kind.waits_elapsed and not entry.emitted:
         emitted = entry._replace(emitted=True, due=_closes(imp, s))
         step = Step(emitted, (_emission(imp, int(entry.clicked), ELAPSED),))
         if emitted.due <= watermark:
@@ -258,7 +295,7 @@ def _closed(entry: Entry, s: JoinRules) -> Entry:
     without its payload (no correction will be emitted), so it costs a few bytes."""
     assert entry.impression is not None
     imp = entry.impression
-    kept = imp if s.policy != "window" else Impression(imp.impression_id, imp.ts, b"")
+    kept = imp if not s.kind.final_labels else Impression(imp.impression_id, imp.ts, b"")
     return Entry(kept, entry.clicked, True, True, entry.early_click, _forget(imp, s))
 
 
@@ -328,8 +365,8 @@ class Cursor:
         takes a short path that builds what on_impression would (the joiner's hot loop; the tests
         pin the two to the same output); any other goes through on_impression."""
         rules, get, put, timers = self.rules, self.get, self.put, self.timers
-        fake = rules.policy == "fake_negative"
-        wait = rules.elapsed_ms if rules.policy == "elapsed" else rules.window_ms
+        fake = rules.kind.emits_at_once
+        wait = rules.elapsed_ms if rules.kind.waits_elapsed else rules.window_ms
         watermark, frontier, lateness = self.watermark, self.frontier, rules.allowed_lateness_ms
         for imp in imps:
             key = imp.impression_id

@@ -4,7 +4,7 @@
                                        Arrow bundles: bundle.py (a column at a time)
                 --featurize_isolating--> the same, a record that crashes it costing only itself
 
-The featurizer's entry point (the Faust agent, stream/app.py, is a thin shell around
+The featurizer's entry point (the Faust agent, stream/featurizer/app.py, is a thin shell around
 featurize_isolating). It sits above the three modules it dispatches to: featurize.py (the per-field
 rules), json_batch.py and bundle.py, which import featurize.py and never this.
 """
@@ -14,10 +14,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from stream.bundle import featurize_arrow_bundle, is_arrow_bundle
-from stream.decode import parse_json, split_bundle
 from stream.errors import DecodeError
-from stream.json_batch import featurize_json_events
+from stream.featurizer.bundle import featurize_arrow_bundle
+from stream.featurizer.decode import parse_json, split_bundle
+from stream.featurizer.json_batch import featurize_json_events
+from stream.formats.arrow import is_arrow_bundle
 from stream.records import FeatureBatch, RawRecord, Rejected
 from stream.schema import Schema
 

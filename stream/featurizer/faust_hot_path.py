@@ -19,7 +19,7 @@ Measured with one event per record (bench pipeline's Faust worker, 2 cores): 8.6
 14k with the transport and uvloop, 15-16k with the quiet monitor too.
 
 The transport also reads the events topic with isolation level read_committed: the joiner
-(stream/joiner.py) writes its labelled events in Kafka transactions, and a record of an aborted
+(stream/join/joiner.py) writes its labelled events in Kafka transactions, and a record of an aborted
 one must not be featurized.
 
 The transport is registered as Faust's "adstream" transport (pyproject.toml, entry point group

@@ -1,4 +1,4 @@
-"""The joiner's two inputs, read into the join's records (stream/join.py). Pure.
+"""The joiner's two inputs, read into the join's records (stream/join/policy.py). Pure.
 
 impressions topic record --read_impressions--> [Impression] + [Rejected] (+ the Arrow bundle they lie in)
 clicks topic record      --read_clicks-------> [Click] + [Rejected]
@@ -9,7 +9,7 @@ the schema's `timestamp`. The joiner checks only what the join needs (the id and
 no label is set: a click sets it); the features are checked by the featurizer downstream, which
 dead-letters a bad one as it does today. A JSON impression's payload is its JSON object, which the
 joiner emits with the label spliced in; an Arrow bundle's impression is a RowRef into the bundle,
-which the joiner stores once and emits rows of as Arrow (stream/join_output.py), so nothing but the
+which the joiner stores once and emits rows of as Arrow (stream/join/outputs.py), so nothing but the
 label changes on the way, and a bundled impression is never turned into JSON.
 
 A click is a JSON object (or JSON lines) naming the impression (`ClickFields.impression_id`) and
@@ -26,10 +26,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stream import rules
-from stream.bundle import is_arrow_bundle
-from stream.join import Click, Impression, RowRef
+from stream.formats.arrow import is_arrow_bundle
+from stream.formats.json_lines import json_lines
+from stream.join.policy import Click, Impression, RowRef
 from stream.records import RawRecord, Rejected
-from stream.replay import json_lines
 from stream.schema import Schema
 
 LABEL_SET = "an impression carries no label: the joiner sets it from the clicks"
@@ -41,11 +41,6 @@ class ClickFields:
 
     impression_id: str = "impression_id"  # the impression the click is on (its event id)
     time: str = "ts"  # click time, ms since the epoch
-
-
-def click_record(impression_id: str, ts: int, id_field: str = "impression_id", time_field: str = "ts") -> bytes:
-    """A click as the joiner reads it (read_clicks' inverse): `{id_field: impression_id, time_field: ts}`."""
-    return orjson.dumps({id_field: impression_id, time_field: ts})
 
 
 def read_impressions(record: RawRecord, schema: Schema) -> tuple[list[Impression], list[Rejected], pa.Table | None]:

@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from stream.bundle import bundle_table, check_table, checked_features
-from stream.decode import event_from_mapping
 from stream.errors import DecodeError
-from stream.featurize import featurize
+from stream.featurizer.bundle import check_table, checked_features
+from stream.featurizer.decode import event_from_mapping
+from stream.featurizer.featurize import featurize
+from stream.formats.arrow import bundle_table
 from stream.records import FeatureBatch, Rejected
 from stream.schema import Schema
 

@@ -1,7 +1,7 @@
 """The joiner's state on disk: one RocksDB per input partition (rocksdict), bounded by the window.
 
 What one partition's database holds:
-    b"e" + impression id  -> the id's Entry (stream/join.py), encoded by `encode_entry`
+    b"e" + impression id  -> the id's Entry (stream/join/policy.py), encoded by `encode_entry`
     b"m"                  -> Progress: the next offsets of the impressions and clicks partitions,
                              the newest impression time seen (the watermark's source), the chunk number
     b"q"                  -> the outputs of the last chunk (`encode_outputs`), written before they are sent
@@ -13,15 +13,16 @@ every change, the new Progress and the chunk's outputs in one atomic write batch
 the outputs sent in a Kafka transaction with the same offsets. So after any crash the database is
 at a chunk's end, and the outputs of that chunk are in it: if the transaction did not commit (the
 group's committed offsets are behind the database's), the joiner sends them again, in a new
-transaction, before it reads on (stream/joiner.py). Entries are forgotten when their window and
+transaction, before it reads on (stream/join/joiner.py). Entries are forgotten when their window and
 the lateness allowance are over, so the database stays as large as the window, not the stream.
 
-Timers are not stored: an entry's `due` is in it, and `timers()` rebuilds the heap at start.
+Timers are not stored: an entry's `due` is in it, and at start the joiner rebuilds the Cursor's heap
+of (due, id) from `entries()`.
 
 An Arrow bundle of impressions is stored once, as it came (its entries hold a RowRef: 12 bytes, not
 the row), and the joiner emits Arrow bundles gathered from those rows, so a bundled impression is
-never turned into JSON. A bundle is dropped once the watermark passed `payload_needed_until` of its
-newest row (stream/join.py): no emission can need one of its rows then.
+never turned into JSON. A bundle is dropped once the watermark is `payload_kept_ms` (stream/join/policy.py) past its
+newest row: no emission can need one of its rows then.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from pathlib import Path
 import orjson
 import pyarrow as pa
 
-from stream.join import Click, Entry, Impression, RowRef
+from stream.join.policy import Click, Entry, Impression, RowRef
 
 _HEAD = struct.Struct("<Bqq")  # flags, due, the impression's (or the early click's) time
 _REF = struct.Struct("<qI")  # a RowRef: the bundle's offset, the row

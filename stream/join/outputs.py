@@ -18,8 +18,8 @@ from collections.abc import Callable
 import orjson
 import pyarrow as pa
 
-from stream.bundle import encode_table, is_arrow_bundle
-from stream.join import Emission, RowRef
+from stream.formats.arrow import encode_table, is_arrow_bundle
+from stream.join.policy import Emission, RowRef
 
 
 def labelled(payload: bytes, label_field: str, label: int) -> bytes:

@@ -1,0 +1,243 @@
+"""The replica's snapshot files and the group's rounds that write them (trainer/snapshot.py has the
+formats; trainer/publish.py the MLflow side).
+
+    save / restore       a recovery snapshot: the whole trainer state, kept on the trainer's disk
+    publish_to           a base publication for serving: dense weights + every row's vector
+    publish_delta_to     a delta: the dense weights + the rows changed since the last publication
+    snapshot_round       as a group: every replica's offsets gathered -> rank 0 (with sharded rows,
+                         its node) writes the recovery snapshot and the base publication, the
+                         Publisher uploads and registers it; every replica then commits its
+                         offsets, once the snapshot is durable
+    delta_round          as a group: the next delta of the current base, sent by rank 0
+
+The rounds are collectives (every replica calls them at the same round; trainer/schedule.py says
+when), taken right after a merge, when every replica holds the same model.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from store.table import EmbeddingTable
+from trainer.errors import SnapshotError
+from trainer.metrics import ProgressiveMetrics, merged_metrics
+from trainer.snapshot import (
+    DELTAS,
+    MANIFEST,
+    PUBLICATIONS,
+    Manifest,
+    finish_snapshot,
+    folder_bytes,
+    load_optimizer_state,
+    load_snapshot,
+    prune_snapshots,
+    publication_manifest,
+    read_metrics,
+    save_delta,
+    snapshot_name,
+    write_rows,
+)
+
+if TYPE_CHECKING:
+    from trainer.group import Control
+    from trainer.publish import Publisher
+    from trainer.replica import Trainer
+    from trainer.source import BatchSource
+
+log = logging.getLogger("adstream.trainer")
+
+
+class Checkpointer:
+    """Writes and reads one replica's snapshots and publications (`Trainer.checkpoints`)."""
+
+    def __init__(self, replica: Trainer) -> None:
+        self.replica = replica
+
+    def manifest(
+        self,
+        offsets: dict[int, int] | None = None,
+        extra: dict[str, object] | None = None,
+        events: int | None = None,
+        metrics: dict[str, float] | None = None,
+    ) -> Manifest:
+        """The replica's state as a manifest; a group passes every replica's offsets, the job's
+        events and the group's metrics (metrics.merged_metrics)."""
+        r = self.replica
+        offsets = r.offsets if offsets is None else offsets
+        return Manifest(
+            schema_name=r.schema.name,
+            schema_hash=r.schema.hash,
+            model=r.model_config.to_dict(),
+            table=r.table_config.to_dict(),
+            step=r.step,
+            events=r.events if events is None else events,
+            offsets={str(p): o for p, o in sorted(offsets.items())},
+            metrics=r.metrics.summary() if metrics is None else metrics,
+            created_ms=int(time.time() * 1000),
+            extra=dict(extra or {}),
+            newest_event_ms=r.newest_event_ms,
+        )
+
+    @property
+    def writes(self) -> bool:
+        """Whether this replica takes part in writing snapshots and base publications: rank 0, and
+        with sharded rows every rank of its node (each writes its own rows' file). Replicas and
+        the other nodes hold the same rows right after a merge."""
+        r = self.replica
+        return r.rank == 0 or (r.sharded and r.shards.writes_files())
+
+    def save(
+        self,
+        root: str | Path,
+        offsets: dict[int, int] | None = None,
+        extra: dict[str, object] | None = None,
+        events: int | None = None,
+        manifest: Manifest | None = None,
+        metrics: ProgressiveMetrics | None = None,
+    ) -> Path | None:
+        """Write a recovery snapshot under root/step-NNNNNNNNN (see snapshot.py); offsets and events
+        default to this replica's (a group passes every replica's offsets and the job's total
+        events), or the whole manifest is given. Rows past their TTL leave RocksDB first. With
+        sharded rows a collective of the node (see `writes`): returns the path on rank 0, None on
+        the others."""
+        self.replica.table.expire_cold()  # rows past their TTL leave RocksDB too, not only the cached tiers
+        counted = (metrics or self.replica.metrics).state()
+        return self._write(root, manifest or self.manifest(offsets, extra, events), recovery=True, metrics=counted)
+
+    def publish_to(self, root: str | Path, manifest: Manifest) -> Path | None:
+        """Write the serving publication of this step under root/step-NNNNNNNNN (vectors only);
+        with sharded rows a collective of the node, like save."""
+        return self._write(root, publication_manifest(manifest), recovery=False)
+
+    def publish_delta_to(
+        self, root: str | Path, manifest: Manifest, changed: np.ndarray, table: EmbeddingTable | None = None
+    ) -> Path:
+        """Write a delta publication (rows of the `changed` ids, dense weights) under
+        root/step-NNNNNNNNN; the manifest carries its base and sequence."""
+        r = self.replica
+        return save_delta(Path(root) / snapshot_name(r.step), manifest, r.model, table or r.table, changed)
+
+    def _write(
+        self, root: str | Path, manifest: Manifest, recovery: bool, metrics: dict[str, np.ndarray] | None = None
+    ) -> Path | None:
+        r = self.replica
+        path = Path(root) / snapshot_name(r.step)
+        try:
+            if r.sharded and r.shards.world > 1:  # each rank its own rows' file; rank 0 the rest once all are on disk
+                write_rows(path, r.table, not recovery, r.shards.rank, r.shards.world)
+                r.shards.barrier()
+                if r.rank != 0:
+                    return None
+                manifest = replace(manifest, shards=r.shards.world)
+            else:
+                write_rows(path, r.table, vectors_only=not recovery)
+            if recovery:
+                return finish_snapshot(path, manifest, r.model, r.optimizer, r.table, metrics)
+            return finish_snapshot(path, manifest, r.model)
+        except OSError as exc:  # a full or read-only disk: name the folder and the way out
+            if not (path / MANIFEST).exists():  # nothing half-written is left to look like a snapshot
+                shutil.rmtree(path, ignore_errors=True)
+            raise SnapshotError(
+                f"snapshot {path}: cannot write ({exc.strerror or exc}); free space there or point "
+                "trainer.snapshot.dir at a writable folder"
+            ) from None
+
+    def restore(self, path: str | Path) -> Manifest:
+        """Continue from a snapshot: dense weights, optimizer state, every row, step, events, offsets.
+        The store should be empty (a fresh replica)."""
+        r = self.replica
+        # sharded rows: this replica keeps the ids it owns (whatever the group size that wrote them)
+        keep = (lambda ids: r.shards.owners(ids) == r.rank) if r.sharded else None
+        snapshot = load_snapshot(path, r.table, keep)
+        r.model.load_state_dict(snapshot.model.state_dict())
+        load_optimizer_state(path, r.optimizer)
+        if r.compressor is not None:
+            r.compressor.fill_state()
+        r.step = r.merged_step = snapshot.manifest.step
+        r.events = snapshot.manifest.events
+        r.offsets = {int(p): o for p, o in snapshot.manifest.offsets.items()}
+        r.newest_event_ms = snapshot.manifest.newest_event_ms
+        counted = read_metrics(path)
+        if counted is not None:  # the metrics go on over the whole stream, not from the restart
+            r.metrics.load_state(counted)
+        return snapshot.manifest
+
+    # --- the group's rounds -----------------------------------------------------------------
+    def snapshot_round(
+        self, control: Control, publisher: Publisher | None, source: BatchSource, events: int
+    ) -> tuple[Path | None, str | None]:
+        """Rank 0 writes the recovery snapshot (kept on disk) and the serving publication (vectors
+        only, uploaded and registered). With sharded rows every rank of rank 0's node writes its own
+        rows' file of both. Every replica then commits its offsets. Returns (recovery snapshot path,
+        registry version) on rank 0."""
+        r, snapshot = self.replica, self.replica.settings.snapshot
+        offsets: dict[int, int] = {}
+        for part in control.gather(r.offsets):  # replicas read disjoint partitions
+            offsets.update(part)
+        r.agree_before_base(control)
+        counted = merged_metrics(r.metrics)  # every replica's counts: what the resumed job reports on from
+        path = version = None
+        if self.writes:
+            extra: dict[str, object] = {
+                "workers": control.world,
+                "merge_every_steps": r.settings.group.merge_every_steps,
+            }
+            if publisher is not None:
+                extra["mlflow_run_id"] = publisher.run_id
+            manifest = self.manifest(offsets, extra, events, counted.summary())  # one manifest for both artifacts
+            path = self.save(snapshot.dir, manifest=manifest, metrics=counted)  # sharded: the node's collective
+            publication = self.publish_to(Path(snapshot.dir) / PUBLICATIONS, manifest)
+            if publisher is not None and path is not None and publication is not None:
+                version = publisher.publish(publication, r.step, recovery_bytes=folder_bytes(path))
+                shutil.rmtree(publication, ignore_errors=True)  # uploaded; the recovery snapshot stays
+        else:
+            r.table.expire_cold()  # as save does on the writers: every replica drops its TTL-expired rows
+        control.barrier()  # the snapshot is durable before any replica commits its offsets
+        source.commit(offsets)
+        if path is not None:  # rank 0: the older recovery snapshots are no longer needed
+            prune_snapshots(snapshot.dir, snapshot.keep)
+        return path, version
+
+    def delta_round(self, control: Control, publisher: Publisher | None, events: int) -> None:
+        """Rank 0 sends serving the rows changed since the last publication and the dense weights,
+        as the next delta of the current base. A failed write or upload is logged, not fatal: the
+        next publication is then a base."""
+        r, folder_root = self.replica, Path(self.replica.settings.snapshot.dir) / DELTAS
+        changes = r.changes_since_publication(control)  # with sharded rows: every rank's, on rank 0
+        group_metrics = merged_metrics(r.metrics).summary()  # a collective: the group's figures, as a base has them
+        if publisher is None or publisher.base_path is None or changes is None:
+            return
+        table, changed = changes
+        extra = {"mlflow_run_id": publisher.run_id, "workers": control.world}
+        manifest = replace(
+            self.manifest(extra=extra, events=events, metrics=group_metrics),
+            base_step=publisher.base_step,
+            sequence=publisher.sequence + 1,
+        )
+        where = f"delta {manifest.sequence} of base step {manifest.base_step}"
+        try:
+            folder = self.publish_delta_to(folder_root, manifest, changed, table)
+        except OSError as exc:  # a full disk: this delta is lost, so the next publication is a base
+            publisher.forget_base()
+            shutil.rmtree(folder_root, ignore_errors=True)
+            log.error(
+                "%s not written (%s: %s); free space under trainer.snapshot.dir=%s; the next publication is a base",
+                where,
+                exc.strerror or exc,
+                exc.filename,
+                r.settings.snapshot.dir,
+            )
+            return
+        try:
+            publisher.publish_delta(folder, manifest.sequence, r.step, len(changed))
+        except Exception as exc:  # MLflow unreachable for a moment: the next publication is a base
+            log.error("%s not published (%s); the next publication is a base", where, exc)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
