@@ -25,6 +25,17 @@ def at_least(low: float, default: object) -> Any:
     return dataclasses.field(default=default, metadata={"at_least": low})
 
 
+def default_of(component: type, name: str) -> Any:
+    """The default a component's config declares for `name`: a settings section that exposes the
+    same knob takes it from there, so each default is written once (trainer/settings.py)."""
+    for f in dataclasses.fields(component):
+        if f.name == name:
+            if f.default is not dataclasses.MISSING:
+                return f.default
+            raise TypeError(f"{component.__name__}.{name} has no plain default to share")
+    raise TypeError(f"{component.__name__} has no field {name!r}")
+
+
 def check_fields(settings: Any, section: str, error: type[Exception]) -> None:
     """Raise `error` naming section.key, the value and the allowed values, for the first bad field."""
     for f in dataclasses.fields(settings):

@@ -195,7 +195,8 @@ def test_the_family_factor_rate_grows_with_the_square_root_of_the_batch_above_25
 
 def test_a_knob_the_settings_and_a_component_both_declare_has_one_default():
     """trainer/configs.py maps the [trainer.*] sections onto the components' own configs; where both
-    declare a knob, a component built alone behaves as the trainer's default."""
+    declare a knob, the section takes the component's default (common.checks.default_of), so a
+    component built alone behaves as the trainer's default. This fails if either writes its own."""
     import dataclasses
 
     from store.hierarchy import HierarchyConfig
@@ -216,6 +217,7 @@ def test_a_knob_the_settings_and_a_component_both_declare_has_one_default():
         (OptimSettings, TableConfig, {"init_std": "init_std"}),
         (OptimSettings, SparseOptimConfig, {"sparse_optimizer": "name", "sparse_l2": "l2", "clip_ratio": "clip_ratio"}),
         (OptimSettings, SparseOptimConfig, {"initial_accumulator": "initial_accumulator"}),
+        (OptimSettings, ModelConfig, {"delayed_feedback": "delayed_feedback"}),
     ]
     # not the same knob by design: embed_dim and sparse_lr (0 = the family's default, resolved in
     # trainer/configs.py), wide_lr / wide_per_event (a table alone learns its last column as the

@@ -238,3 +238,30 @@ def test_the_short_read_of_one_json_impression_is_the_long_reads_answer(schema, 
         assert good == [short] and bad == []
     else:  # the long way: a reason, a label to drop, or several lines
         assert bad or len(good) != 1 or b"label" in value
+
+
+def test_records_on_another_partition_are_moved_as_their_own_kind_and_read_back_the_same(schema):
+    """What the joiner sends to an id's own partition (stream/join/reroute.py) reads back as the same
+    impressions and clicks: JSON lines, the rows of an Arrow bundle, click records."""
+    from stream.join.reroute import moved_value, split_by_home
+
+    events = [{k: v for k, v in criteo_event(i).items() if k != "label"} for i in range(6)]
+    homes = [0, 1, 0, 2, 1, 0]
+    json_items, _, _ = read_impressions(RawRecord(0, 5, b"\n".join(orjson.dumps(e) for e in events)), schema)
+    table = event_table(events, schema)
+    arrow_items, _, bundle = read_impressions(RawRecord(0, 6, encode_table(table)), schema)
+    fields = ClickFields("impression_id", "ts")
+    clicks = [Click(str(e["event_id"]), int(e["ts"]) + 5) for e in events]
+    for items, impressions, carried in ((json_items, True, None), (arrow_items, True, bundle), (clicks, False, None)):
+        kept, away = split_by_home(items, homes, 0)
+        assert [i.impression_id for i in kept] == [items[k].impression_id for k in (0, 2, 5)]
+        assert sorted(away) == [1, 2]
+        for q, moved in away.items():
+            value = moved_value(moved, impressions, carried, fields)
+            if impressions:
+                back, bad, _ = read_impressions(RawRecord(q, 0, value), schema)
+                assert [(i.impression_id, i.ts) for i in back] == [(m.impression_id, m.ts) for m in moved]
+            else:
+                back_clicks, bad = read_clicks(RawRecord(q, 0, value), fields)
+                assert back_clicks == list(moved)
+            assert bad == []

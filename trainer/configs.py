@@ -3,8 +3,8 @@ writes become for the model (ModelConfig), the embedding table and its sparse op
 (TableConfig, SparseOptimConfig), the store (RamTier or TieredStore over a HierarchyConfig) and the
 dense optimizer. The components keep configs of their own so each can be built and tested without
 the trainer's settings; this module is the only place that maps one onto the other (a settings
-value of 0 that means "the family's default" is resolved here), and tests/test_config.py checks that
-a knob both declare has one default.
+value of 0 that means "the family's default" is resolved here). A knob both declare has its default
+written once, in the component; the settings take it (common.checks.default_of).
 """
 
 from __future__ import annotations

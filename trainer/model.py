@@ -54,6 +54,7 @@ FAMILIES: dict[str, Family] = {
     "dcn": Family(fm=False, cross=True, mlp=True, embed_dim=16, sparse_lr=0.15),
 }
 MODEL_KINDS = tuple(FAMILIES)
+DELAYED_FEEDBACK = ("none", "fnw", "fnc")  # trainer.optim.delayed_feedback: final labels, FN weighting, FN calibration
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ class ModelConfig:
     dense_norm: bool = True  # standardize dense features by running mean / variance
     list_pooling: tuple[str, ...] = ()  # per list field (the last fields): "mean" or "sum" of its values' rows
     # labels that come late (trainer/delayed.py): "fnw" weights the loss, "fnc" serves b / (1 - b); "none"
-    delayed_feedback: str = one_of(("none", "fnw", "fnc"), "none")
+    delayed_feedback: str = one_of(DELAYED_FEEDBACK, "none")
 
     def __post_init__(self) -> None:
         check_fields(self, "ModelConfig", TrainerError)

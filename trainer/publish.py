@@ -1,4 +1,4 @@
-"""Publish to MLflow (this module only talks to MLflow; trainer/rounds.py decides what a round
+"""Publish to MLflow (this module only talks to MLflow; trainer/checkpoint.py decides what a round
 writes and sends): one run per training job (params, metrics); each base publication as run
 artifacts, registered as a new model version and given the serving alias; deltas beside their base.
 

@@ -83,7 +83,7 @@ class Trainer:
         self.table_config = table_config(self.model_config, settings)
         tier = make_tier(settings, row_width(self.table_config.dim), self.rank)
         self.table = EmbeddingTable(tier, self.table_config, shared_ids(schema))
-        # trainer.shard_within_node: the rows sharded over the ranks of this node (learn_sharded,
+        # trainer.shard_within_node: the rows sharded over the ranks of this node (layouts.Sharded,
         # trainer/shard.py), this replica's table holding its shard; nodes merge shard by shard
         self.sharded = settings.shard_within_node
         self.node_group, self.cross_group, self.nodes = node_groups(self.world, self.rank, self.sharded)

@@ -9,7 +9,7 @@ The training loop (loop.py) and `bench merge` both follow this one schedule.
 
 Rules:
   - a round in which some replica holds a batch is a learning round (replicas without a batch
-    still join a synchronous step, see replica.learn_sync);
+    still join a synchronous step, see layouts.Synchronous);
   - stop when every replica is idle and none holds a batch, or at max_steps rounds, or once the
     job has learned max_events events;
   - a sync point (replicas hold the same model) comes after k learning rounds, when rank 0's clock

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from common.checks import at_least, check_fields, one_of
+from common.checks import at_least, check_fields, default_of, one_of
+from store.hierarchy import HierarchyConfig
 from store.rocks import TABLE_FORMATS
-from store.sparse_optim import SPARSE_OPTIMIZERS
+from store.sparse_optim import SPARSE_OPTIMIZERS, SparseOptimConfig
+from store.table import TableConfig
 from trainer.errors import TrainerError
-from trainer.model import FAMILIES, MODEL_KINDS
+from trainer.model import DELAYED_FEEDBACK, FAMILIES, MODEL_KINDS, ModelConfig
 
 RATE_BATCH = 256  # the batch size the family rates were tuned at
 
@@ -36,12 +38,18 @@ def family_sparse_lr(kind: str, batch_size: int) -> float:
 
 @dataclass(frozen=True)
 class ModelSettings:
-    kind: str = one_of(MODEL_KINDS, "dcn")  # model family: "lr", "fm", "deepfm" or "dcn" (DCN-v2)
+    kind: str = one_of(
+        MODEL_KINDS, default_of(ModelConfig, "kind")
+    )  # model family: "lr", "fm", "deepfm" or "dcn" (DCN-v2)
     embed_dim: int = at_least(0, 0)  # factor width per field; 0 = the family's default (dcn 16, others 8)
-    hidden: tuple[int, ...] = (128, 64)  # MLP widths (deepfm, dcn)
-    cross_layers: int = at_least(0, 2)  # cross layers (dcn)
-    cross_rank: int = at_least(0, 0)  # dcn cross weights: 0 = full rank; r > 0 = low rank U V^T (cheaper)
-    dense_norm: bool = True  # standardize the dense features by running mean / variance
+    hidden: tuple[int, ...] = default_of(ModelConfig, "hidden")  # MLP widths (deepfm, dcn)
+    cross_layers: int = at_least(0, default_of(ModelConfig, "cross_layers"))  # cross layers (dcn)
+    cross_rank: int = at_least(
+        0, default_of(ModelConfig, "cross_rank")
+    )  # dcn cross weights: 0 = full rank; r > 0 = low rank U V^T (cheaper)
+    dense_norm: bool = default_of(
+        ModelConfig, "dense_norm"
+    )  # standardize the dense features by running mean / variance
 
     def __post_init__(self) -> None:
         check_fields(self, "trainer.model", TrainerError)
@@ -54,7 +62,9 @@ class OptimSettings:
     lr: float = at_least(0, 0.003)  # learning rate of the dense network
     warmup_steps: int = at_least(0, 0)  # dense learning rate ramps up linearly over this many steps; 0 = none
     # the sparse optimizer (the embedding rows; its state is stored in each row)
-    sparse_optimizer: str = one_of(SPARSE_OPTIMIZERS, "ftrl")  # "ftrl" (FTRL-Proximal), "adagrad", "adam", "sgd"
+    sparse_optimizer: str = one_of(
+        SPARSE_OPTIMIZERS, default_of(SparseOptimConfig, "name")
+    )  # "ftrl" (FTRL-Proximal), "adagrad", "adam", "sgd"
     # factor columns' rate (FTRL: alpha); 0 = the family's (dcn 0.15, others 0.05) x sqrt(batch_size / 256) above 256
     sparse_lr: float = at_least(0, 0.0)
     wide_lr: float = at_least(0, 0.05)  # rate of the wide part: ids' first-order weights, bias, dense linear term
@@ -62,14 +72,18 @@ class OptimSettings:
     # (trainer/wide.py); false: one step per batch like the factors. Synchronous and sharded
     # steps average the replicas' per-event changes of a row, as they average its gradients
     wide_per_event: bool = True
-    sparse_l2: float = at_least(0, 0.0)  # L2 penalty on the rows a step touches
-    initial_accumulator: float = at_least(0, 0.0)  # Adagrad / FTRL: start of each squared-gradient sum
-    init_std: float = at_least(0, 0.01)  # std of a new row's initial vector
-    clip_ratio: float = at_least(0, 0.0)  # CowClip r: id grad norm <= count * max(r * |w|, 1e-5); 0 = off
+    sparse_l2: float = at_least(0, default_of(SparseOptimConfig, "l2"))  # L2 penalty on the rows a step touches
+    initial_accumulator: float = at_least(
+        0, default_of(SparseOptimConfig, "initial_accumulator")
+    )  # Adagrad / FTRL: start of each squared-gradient sum
+    init_std: float = at_least(0, default_of(TableConfig, "init_std"))  # std of a new row's initial vector
+    clip_ratio: float = at_least(
+        0, default_of(SparseOptimConfig, "clip_ratio")
+    )  # CowClip r: id grad norm <= count * max(r * |w|, 1e-5); 0 = off
     # learning from the joiner's fake_negative policy (every impression first a negative, a click a
     # positive copy): "fnw" weights the loss back to the true one, "fnc" learns the biased labels and
     # predicts p = b / (1 - b) (trainer/delayed.py); "none" for final labels (the window policy)
-    delayed_feedback: str = one_of(("none", "fnw", "fnc"), "none")
+    delayed_feedback: str = one_of(DELAYED_FEEDBACK, default_of(ModelConfig, "delayed_feedback"))
 
     def __post_init__(self) -> None:
         check_fields(self, "trainer.optim", TrainerError)
@@ -86,14 +100,24 @@ class StoreSettings:
     # tiered, one folder per NUMA node (index = node, e.g. ["/nvme0/adstream", "/nvme1/adstream"]): each
     # rank's RocksDB goes where the topology plan puts its GPU (<folder of its node>/gpu<N>); () = path
     numa_paths: tuple[str, ...] = ()
-    eviction: str = one_of(("lru", "lfu"), "lru")  # eviction policy of the device and RAM tiers (kind = "tiered")
-    ttl_steps: int = at_least(0, 0)  # drop rows unseen for this many steps; 0 = never (kind = "tiered")
+    eviction: str = one_of(
+        ("lru", "lfu"), default_of(HierarchyConfig, "policy")
+    )  # eviction policy of the device and RAM tiers (kind = "tiered")
+    ttl_steps: int = at_least(
+        0, default_of(HierarchyConfig, "ttl_steps")
+    )  # drop rows unseen for this many steps; 0 = never (kind = "tiered")
     # RocksDB's table files (kind = "tiered"): "plain" (hash-indexed, the fastest cold reads; holds ~14
     # bytes of RAM per row on disk) or "block" (block-based: ~1.5x slower cold reads, a few bytes a row)
-    rocksdb_format: str = one_of(TABLE_FORMATS, "plain")
-    pipelined: bool = True  # tiered: read the next batch's cold rows during this step, write back async
-    min_count: int = at_least(1, 1)  # batches an id must appear in before it gets its own row (before: a shared row)
-    admission_bytes: int = at_least(1, 16 << 20)  # memory of the admission counters (count-min sketch), bytes
+    rocksdb_format: str = one_of(TABLE_FORMATS, default_of(HierarchyConfig, "rocksdb_format"))
+    pipelined: bool = default_of(
+        HierarchyConfig, "pipelined"
+    )  # tiered: read the next batch's cold rows during this step, write back async
+    min_count: int = at_least(
+        1, default_of(TableConfig, "min_count")
+    )  # batches an id must appear in before it gets its own row (before: a shared row)
+    admission_bytes: int = at_least(
+        1, default_of(TableConfig, "admission_bytes")
+    )  # memory of the admission counters (count-min sketch), bytes
 
     def __post_init__(self) -> None:
         check_fields(self, "trainer.store", TrainerError)

@@ -17,7 +17,7 @@ step moves rows to where the batch is and gradients back to where the row lives:
             rule) and applies its sparse optimizer.
 
 So a sharded step equals a synchronous data-parallel step over replicated tables
-(`Trainer.learn_sync`) on the same batches, row for row (tests/test_shard.py), while each rank
+(`layouts.Synchronous`) on the same batches, row for row (tests/test_shard.py), while each rank
 stores about 1/N of the rows. Every call here is a collective over the node's process group: all
 its ranks call it together, a rank without a batch with no ids. Between nodes, replica.Trainer.merge
 averages every k steps over a second group, rank r of each node with rank r of the others (they own

@@ -43,43 +43,34 @@ every window once all inputs are read to their end and nothing came for S second
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
-from collections import defaultdict
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import pyarrow as pa
 from prometheus_client import Counter, Gauge
 
-from stream.formats.arrow import encode_table
 from stream.formats.clicks import click_record
 from stream.formats.dead_letter import RECORD_OVERHEAD, dead_letter
 from stream.join.inputs import ClickFields, one_impression, read_clicks, read_impressions
 from stream.join.outputs import event_records
-from stream.join.policy import Click, Cursor, Emission, Impression, JoinRules, RowRef, payload_kept_ms
+from stream.join.policy import Click, Cursor, Emission, Impression, JoinRules, payload_kept_ms
+from stream.join.reroute import moved_value, split_by_home
 from stream.join.state import PartitionState, PendingOutput, Progress
-from stream.kafka.client_log import broker_back, quiet_logs
+from stream.join.transactions import Transactions
+from stream.kafka.client_log import quiet_logs
 from stream.kafka.partitioner import murmur2_partitions
 from stream.kafka.prometheus import serve_metrics
-from stream.kafka.retry import StuckCall, finish_within, is_transient, retrying
 from stream.kafka.settings import KafkaSettings
 from stream.records import RawRecord, Rejected
 from stream.schema import Schema, load_schema
 from stream.settings import StreamSettings
 
 log = logging.getLogger("adstream.join")
-STUCK_MARGIN_S = 30.0  # a transactional call this far past its own timeout is stuck (librdkafka #5456)
-
 IMPRESSIONS = Counter("adstream_join_impressions_total", "impressions read")
 CLICKS = Counter("adstream_join_clicks_total", "clicks read")
-STUCK = Counter(
-    "adstream_join_stuck_producers_total",
-    "transactional producers replaced after a call blocked past its timeout (after a broker outage)",
-)
 EMITTED = Counter("adstream_join_emitted_total", "labelled events written", ["label"])
 LATE = Counter("adstream_join_late_clicks_total", "clicks after their impression's window")
 ORPHANS = Counter("adstream_join_orphan_clicks_total", "clicks no impression claimed (dead-lettered)")
@@ -166,28 +157,10 @@ class Joiner:
             }
         )
         self.worker = worker
-        self.producer = self._new_producer()
+        self.transactions = Transactions(kafka, self.join.app_id, worker)
         self.partitions = self._my_partitions(worker, workers)
         self.parts: dict[int, _Partition] = {}
         self._warned_moves = False
-
-    def _new_producer(self) -> Any:
-        """The transactional producer (one transactional id per worker: a new one fences the old)."""
-        from confluent_kafka import Producer
-
-        return Producer(
-            {
-                "bootstrap.servers": self.kafka.bootstrap,
-                "transactional.id": f"{self.join.app_id}-{self.worker}",
-                "enable.idempotence": True,
-                "acks": "all",
-                "linger.ms": 20,
-                "compression.type": "lz4",
-                "message.max.bytes": self.kafka.max_message_bytes,
-                "transaction.timeout.ms": 60_000,
-                **quiet_logs(),
-            }
-        )
 
     def _my_partitions(self, worker: int, workers: int) -> list[int]:
         from stream.errors import StreamError
@@ -213,7 +186,7 @@ class Joiner:
         """Fence any earlier instance, finish what a crash left unsent, and assign the partitions."""
         from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-        self._init_transactions()  # aborts a predecessor's open transaction
+        self.transactions.start()  # aborts a predecessor's open transaction
         imp, clk = self.kafka.impressions_topic, self.kafka.clicks_topic
         committed = {
             (tp.topic, tp.partition): tp.offset
@@ -326,22 +299,10 @@ class Joiner:
         part.cursor.impressions(impressions)
 
     def _keep(self, read: _Read, homes: list[int]) -> list[Impression | Click]:
-        """The impressions or clicks of this partition; the others are moved to theirs (`_move`): a
-        JSON impression as its JSON line, an Arrow bundle's as rows of an Arrow bundle, a click as a
-        click record."""
-        kept: list[Impression | Click] = []
-        away: defaultdict[int, list[Impression | Click]] = defaultdict(list)
-        for item, home in zip(read.items, homes, strict=True):
-            (kept if home == read.partition else away[home]).append(item)
-        id_field, time_field = self.fields.impression_id, self.fields.time
+        """The impressions or clicks of this partition; the others are moved to theirs (`_move`)."""
+        kept, away = split_by_home(read.items, homes, read.partition)
         for q, moved in away.items():
-            if not read.impressions:
-                value = b"\n".join(click_record(c.impression_id, c.ts, id_field, time_field) for c in moved)
-            elif isinstance(moved[0].payload, RowRef):  # type: ignore[union-attr]
-                rows = pa.array([i.payload.row for i in moved], pa.int64())  # type: ignore[union-attr]
-                value = encode_table(read.bundle.take(rows))  # type: ignore[union-attr]
-            else:
-                value = b"\n".join(i.payload for i in moved)  # type: ignore[union-attr,misc]
+            value = moved_value(moved, read.impressions, read.bundle, self.fields)
             self._move(read, q, moved[0].impression_id, value, moved)
         return kept
 
@@ -512,70 +473,19 @@ class Joiner:
     def _send(self) -> None:
         """The touched partitions' outputs and next offsets in one transaction (retried while the
         broker is away; a chunk already in RocksDB is never lost: a restart sends it)."""
-        from confluent_kafka import KafkaException, TopicPartition
+        from confluent_kafka import TopicPartition
 
         touched = {p: part for p, part in self.parts.items() if part.touched}
         offsets = []
         for p, part in touched.items():
             offsets.append(TopicPartition(self.kafka.impressions_topic, p, part.impressions_offset))
             offsets.append(TopicPartition(self.kafka.clicks_topic, p, part.clicks_offset))
-        offsets = [tp for tp in offsets if tp.offset >= 0]
         outputs = [o for part in touched.values() for o in part.outputs]
-        backoff, failures = 0.5, 0
-        while True:
-            try:
-                self.producer.begin_transaction()
-                for o in outputs:
-                    self._produce(o)
-                if offsets:
-                    group = self.consumer.consumer_group_metadata()
-                    send = partial(self.producer.send_offsets_to_transaction, offsets, group, 30)
-                    finish_within(send, 30 + STUCK_MARGIN_S, "send_offsets_to_transaction")
-                finish_within(partial(self.producer.commit_transaction, 60), 60 + STUCK_MARGIN_S, "commit_transaction")
-                broker_back()
-                break
-            except StuckCall as exc:
-                # the old producer stays blocked; a new one with the same transactional id fences
-                # it, and its open transaction (this chunk's) is aborted: the chunk is sent again
-                log.warning("join: %s (librdkafka #5456); a new transactional producer sends the chunk again", exc)
-                STUCK.inc()
-                self._new_transactions()
-                continue
-            except KafkaException as exc:
-                error = exc.args[0]
-                if error.fatal() or not (error.txn_requires_abort() or is_transient(exc)):
-                    raise
-                if failures == 0:
-                    log.warning("join: transaction failed (%s); retrying until the broker takes it", error)
-                failures += 1
-                time.sleep(backoff)
-                backoff = min(2 * backoff, 10.0)
-                self._leave_transaction()
+        self.transactions.send(outputs, [tp for tp in offsets if tp.offset >= 0], self.consumer)
         for part in touched.values():
             part.touched, part.outputs = False, []
         self._note_moved()
         self._report()
-
-    def _leave_transaction(self) -> None:
-        """After a failed try, the chunk's transaction is aborted before it is sent again (a retry
-        must not begin a transaction inside the open one); a producer that cannot abort (the broker
-        still away, or not in a transaction) is replaced, which aborts it too."""
-        from confluent_kafka import KafkaException
-
-        try:
-            finish_within(partial(self.producer.abort_transaction, 30), 30 + STUCK_MARGIN_S, "abort_transaction")
-        except (KafkaException, StuckCall) as exc:
-            log.warning("join: abort failed (%s); a new transactional producer takes over", exc)
-            self._new_transactions()
-
-    def _new_transactions(self) -> None:
-        """A new transactional producer of the same id: it fences the old and aborts its transaction."""
-        self.producer = self._new_producer()
-        self._init_transactions()
-
-    def _init_transactions(self) -> None:
-        """init_transactions, retried while the broker is away (it fences an earlier producer of ours)."""
-        retrying(partial(self.producer.init_transactions, 60), "init_transactions", log, give_up_s=math.inf)
 
     def _note_moved(self) -> None:
         """Once the transaction with moved records committed: the offset by which each partition of
@@ -593,17 +503,6 @@ class Joiner:
                 except KafkaException:
                     continue
                 part.holds[which] = (ts, high - 1)  # (the last record is the transaction's commit marker)
-
-    def _produce(self, o: PendingOutput) -> None:
-        while True:
-            try:
-                if o.partition >= 0:
-                    self.producer.produce(o.topic, o.value, o.key or None, o.partition, headers=list(o.headers) or None)
-                else:
-                    self.producer.produce(o.topic, o.value, o.key or None, headers=list(o.headers) or None)
-                return
-            except BufferError:
-                self.producer.poll(0.05)
 
     def _report(self) -> None:
         pending = size = 0
