@@ -390,7 +390,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    from serving.app import run_server
+    from serving.workers import run_server
 
     config = _config(args)
     serving = config.serving

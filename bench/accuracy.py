@@ -37,8 +37,8 @@ from trainer.batch import batch_from_features
 from trainer.configs import model_config
 from trainer.metrics import auc_exact, ece, logloss
 from trainer.model import MODEL_KINDS
-from trainer.replica import Trainer
 from trainer.settings import TrainerSettings
+from trainer.trainer import Trainer
 
 REAL_BATCH = 64  # 10k rows: 160 steps at 64 (at 1024 they would be 10); see the README on batch size
 WINDOW = 100_000  # the synthetic streams' last-window figures

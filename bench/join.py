@@ -36,8 +36,8 @@ from stream.records import FeatureBatch
 from stream.schema import Schema
 from trainer.batch import batch_from_features
 from trainer.metrics import auc_exact, ece, logloss
-from trainer.replica import Trainer
 from trainer.settings import TrainerSettings
+from trainer.trainer import Trainer
 
 CHUNK = 1024  # impressions scored together, then what the join emitted meanwhile is learned
 
@@ -162,11 +162,11 @@ def joiner_runs(
     """The Joiner in process on fresh topics: impressions/s bundled and single, and state bytes."""
     from stream.formats.arrow import event_table
     from stream.join.joiner import Joiner, collect_garbage_rarely
-    from stream.join.settings import JoinSettings
     from stream.kafka.topics import ensure_topics
     from stream.produce.clicks import interleave, split_clicks
     from stream.produce.replay import replay
     from stream.produce.synthetic import SyntheticConfig, SyntheticCriteo
+    from stream.settings import JoinSettings
 
     collect_garbage_rarely()  # as `adstream join`'s process does
     out = []
@@ -351,10 +351,10 @@ def latency_runs(
     from confluent_kafka import Producer
 
     from stream.formats.clicks import click_record
-    from stream.join.settings import JoinSettings
     from stream.kafka.partitioner import murmur2_partition
     from stream.kafka.topics import ensure_topics
     from stream.produce.synthetic import SyntheticConfig, SyntheticCriteo
+    from stream.settings import JoinSettings
 
     out = []
     rows, _ = SyntheticCriteo(schema, SyntheticConfig(seed=5)).generate(int(seconds * rate))
@@ -447,12 +447,12 @@ def kill_run(
     import signal
 
     from stream.formats.arrow import event_table
-    from stream.join.settings import JoinSettings
     from stream.kafka.partitioner import murmur2_partition
     from stream.kafka.topics import ensure_topics
     from stream.produce.clicks import interleave, split_clicks
     from stream.produce.replay import replay
     from stream.produce.synthetic import SyntheticConfig, SyntheticCriteo
+    from stream.settings import JoinSettings
 
     tag = uuid.uuid4().hex[:8]
     topics = kafka.scoped(f"bench-joinkill-{tag}")

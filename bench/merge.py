@@ -54,7 +54,7 @@ from trainer.settings import TrainerSettings
 from trainer.step import predict
 
 if TYPE_CHECKING:
-    from trainer.replica import Trainer
+    from trainer.trainer import Trainer
 
 WORKERS = (1, 2, 4, 8)
 KS = (1, 16, 64)
@@ -88,8 +88,8 @@ def _replica(data: str, settings: TrainerSettings, k: int, schema_name: str, nod
     import torch.distributed as dist
 
     from trainer.loop import Control
-    from trainer.replica import Trainer
     from trainer.schedule import LoopState, Round, Schedule, decide
+    from trainer.trainer import Trainer
 
     rank, world = dist.get_rank(), dist.get_world_size()
     os.environ["LOCAL_WORLD_SIZE"] = str(world // nodes)  # what torchrun says on each of `nodes` machines

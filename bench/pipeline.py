@@ -31,8 +31,8 @@ from stream.schema import Schema, load_schema
 from stream.settings import StreamSettings
 from trainer.batch import Batch, batch_from_features
 from trainer.metrics import ProgressiveMetrics, auc_exact, logloss
-from trainer.replica import Trainer
 from trainer.settings import TrainerSettings
+from trainer.trainer import Trainer
 
 REAL_BATCH = 64
 

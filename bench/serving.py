@@ -56,8 +56,8 @@ from stream.schema import Schema, load_schema, schema_file
 from stream.settings import StreamSettings
 from trainer.batch import batch_from_features
 from trainer.group import free_port
-from trainer.replica import Trainer
 from trainer.settings import MlflowSettings, TrainerSettings
+from trainer.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 JSON = {"Content-Type": "application/json"}
@@ -91,7 +91,7 @@ def _serve_main(
     pin: bool = False,
     kafka: KafkaSettings | None = None,
 ) -> None:
-    from serving.app import run_server
+    from serving.workers import run_server
 
     redirect_output(log)
     if pin:

@@ -333,7 +333,7 @@ def oracle_auc(
     from stream.featurizer.decode import event_from_mapping
     from stream.featurizer.featurize import featurize
     from trainer.batch import batch_from_features
-    from trainer.replica import Trainer
+    from trainer.trainer import Trainer
 
     torch.manual_seed(0)
     trainer = Trainer(schema, trainer_settings)

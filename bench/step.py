@@ -50,8 +50,8 @@ from stream.schema import Schema
 from trainer.batch import batch_from_features
 from trainer.configs import model_config
 from trainer.model import CtrModel, ModelConfig
-from trainer.replica import Trainer
 from trainer.settings import TrainerSettings
+from trainer.trainer import Trainer
 
 WARMUP_SHARE = 0.1  # of the events, learned before the clock starts (compiles, allocations, the first rows)
 LR_RUNS = 3  # runs of the lr family's step; its figures are the median run's

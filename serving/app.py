@@ -474,27 +474,6 @@ def create_app(
     return PredictLane(app, answer_predict, settings.max_body_bytes)
 
 
-def run_server(
-    settings: ServingSettings, schema: Schema, tracking_uri: str, model_name: str, kafka: KafkaSettings
-) -> None:
-    """Serve the registry's `model_name` (behind settings.alias) in the foreground until SIGINT/SIGTERM."""
-    import uvicorn
-
-    print(
-        f"serving: http://{settings.host}:{settings.port} (POST /predict, GET /schema, GET /model); "
-        f"model '{model_name}' alias '{settings.alias}' from {tracking_uri}; {settings.workers} worker(s); "
-        "waiting for its first version",
-        flush=True,
-    )
-    if settings.workers > 1:
-        from serving.workers import serve_workers
-
-        return serve_workers(settings, schema, tracking_uri, model_name, kafka)
-    fetch = registry_fetch(tracking_uri, model_name, settings, schema)
-    app = create_app(settings, schema, fetch, kafka)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
-
-
 async def _body_within(receive: Receive, declared: str, limit: int) -> bytes | None:
     """The request body, or None as soon as it is known to be over `limit` bytes (by its declared
     Content-Length, or while it streams in), before it is all read."""

@@ -1,4 +1,5 @@
-"""`serving.workers` processes answering on one port: more cores for /predict, one table in RAM.
+"""`adstream serve`: one server (`run_server`), or `serving.workers` processes answering on one port:
+more cores for /predict, one table in RAM.
 
     adstream serve (this supervisor) --binds host:port--> N spawned workers, each one uvicorn
     server on the shared listening socket (the kernel hands each new connection to one of them)
@@ -28,6 +29,27 @@ from stream.kafka.settings import KafkaSettings
 from stream.schema import Schema
 
 RESTART_PAUSE_S = 1.0  # between a worker's death and its replacement (a crash loop stays slow)
+
+
+def run_server(
+    settings: ServingSettings, schema: Schema, tracking_uri: str, model_name: str, kafka: KafkaSettings
+) -> None:
+    """Serve the registry's `model_name` (behind settings.alias) in the foreground until SIGINT/SIGTERM."""
+    import uvicorn
+
+    print(
+        f"serving: http://{settings.host}:{settings.port} (POST /predict, GET /schema, GET /model); "
+        f"model '{model_name}' alias '{settings.alias}' from {tracking_uri}; {settings.workers} worker(s); "
+        "waiting for its first version",
+        flush=True,
+    )
+    if settings.workers > 1:
+        return serve_workers(settings, schema, tracking_uri, model_name, kafka)
+    from serving.app import create_app, registry_fetch
+
+    fetch = registry_fetch(tracking_uri, model_name, settings, schema)
+    app = create_app(settings, schema, fetch, kafka)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
 
 
 def serve_workers(

@@ -17,8 +17,8 @@ from stream.featurizer.decode import event_from_mapping
 from stream.featurizer.featurize import featurize
 from stream.records import FeatureBatch
 from trainer.batch import Batch, batch_from_features
-from trainer.replica import Trainer
 from trainer.settings import ModelSettings, StoreSettings, TrainerSettings
+from trainer.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -99,9 +99,8 @@ def test_metrics_endpoints_are_on_by_default_and_a_taken_port_is_said_not_fatal(
     import socket
     import urllib.request
 
-    from stream.join.settings import JoinSettings
     from stream.kafka.prometheus import serve_metrics
-    from stream.settings import StreamSettings
+    from stream.settings import JoinSettings, StreamSettings
     from trainer.settings import TrainerSettings
 
     ports = {TrainerSettings().metrics_port, StreamSettings().metrics_port, JoinSettings().metrics_port}

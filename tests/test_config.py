@@ -141,8 +141,8 @@ def test_a_cuda_device_this_machine_cannot_give_is_an_error_naming_the_setting(m
     from stream.schema import load_schema
     from trainer.errors import TrainerError
     from trainer.group import check_gpu, join_group
-    from trainer.replica import Trainer
     from trainer.settings import TrainerSettings
+    from trainer.trainer import Trainer
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(TrainerError, match=r"trainer.device='cuda'.*sees no GPU.*trainer.device = \"cpu\""):

@@ -19,8 +19,8 @@ from stream.featurizer.decode import event_from_mapping
 from stream.featurizer.featurize import featurize
 from stream.schema import load_schema
 from trainer.batch import batch_from_features
-from trainer.replica import Trainer
 from trainer.settings import TrainerSettings
+from trainer.trainer import Trainer
 
 from .helpers import criteo_event
 from .test_merge import assert_states_close, make_batches, settings, state

@@ -117,8 +117,8 @@ def test_the_trainer_scores_a_clicked_impression_once_under_fake_negative(schema
     from stream.featurizer.featurize import featurize
     from tests.helpers import criteo_event
     from trainer.batch import batch_from_features
-    from trainer.replica import Trainer
     from trainer.settings import ModelSettings, OptimSettings, StoreSettings, TrainerSettings
+    from trainer.trainer import Trainer
 
     settings = TrainerSettings(
         model=ModelSettings(embed_dim=4, hidden=(16,)),

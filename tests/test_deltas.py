@@ -16,9 +16,9 @@ from stream.featurizer.decode import event_from_mapping
 from stream.featurizer.featurize import featurize
 from tests.helpers import criteo_event, small_tiered_settings, trained_trainer
 from trainer.batch import batch_from_features
-from trainer.replica import Trainer
 from trainer.snapshot import read_embeddings, read_manifest
 from trainer.step import predict
+from trainer.trainer import Trainer
 
 PROBE = range(0, 700, 7)  # events the trainer saw and events it never saw
 

@@ -342,9 +342,9 @@ def test_trainer_on_the_hierarchy_snapshots_and_serves_the_same_predictions(sche
     from stream.featurizer.featurize import featurize
     from tests.helpers import criteo_event, small_tiered_settings
     from trainer.batch import batch_from_features
-    from trainer.replica import Trainer
     from trainer.snapshot import load_snapshot
     from trainer.step import predict
+    from trainer.trainer import Trainer
 
     row = RamTier(3 * 5, 1).row_bytes
     settings = small_tiered_settings(

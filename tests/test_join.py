@@ -24,7 +24,7 @@ from stream.join.policy import (
     JoinRules,
     join_all,
 )
-from stream.join.settings import JoinSettings
+from stream.settings import JoinSettings
 
 W, L, E = 1000, 100, 300
 

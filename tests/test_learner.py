@@ -24,8 +24,8 @@ from tests.helpers import TIERS
 from trainer.batch import batch_from_features
 from trainer.metrics import calibration_summary, calibration_sums, ece
 from trainer.model import MODEL_KINDS, OnlineNorm
-from trainer.replica import Trainer
 from trainer.settings import ModelSettings, StoreSettings, TrainerSettings
+from trainer.trainer import Trainer
 
 W0, G1, G2 = 0.5, 0.2, -0.4  # one coordinate: initial weight, then two gradients
 

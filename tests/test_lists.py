@@ -26,9 +26,9 @@ from stream.schema import load_schema
 from tests.helpers import criteo_event
 from trainer.batch import batch_from_features
 from trainer.metrics import auc_exact
-from trainer.replica import Trainer
 from trainer.settings import ModelSettings, StoreSettings, TrainerSettings
 from trainer.step import forward
+from trainer.trainer import Trainer
 
 TAGS = load_schema("criteo_tags")
 TAG_FIELD = TAGS.num_sparse  # the list field's index: after the single-id fields

@@ -18,8 +18,8 @@ from trainer.batch import Batch
 from trainer.group import launch_local
 from trainer.layouts import Sharded, Synchronous
 from trainer.merge import average_rows
-from trainer.replica import Trainer
 from trainer.settings import GroupSettings, ModelSettings, OptimSettings, StoreSettings, TrainerSettings
+from trainer.trainer import Trainer
 
 SCHEMA = load_schema("criteo")
 FIELDS, DENSE = SCHEMA.num_sparse, SCHEMA.num_dense

@@ -103,8 +103,8 @@ def test_a_schema_without_dense_fields_builds_its_model_quietly():
     import warnings
 
     from stream.schema import load_schema
-    from trainer.replica import Trainer
     from trainer.settings import StoreSettings, TrainerSettings
+    from trainer.trainer import Trainer
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -19,10 +19,10 @@ from tests.test_merge import assert_states_close, make_batches, settings, state
 from trainer.errors import TrainerError
 from trainer.group import Control, launch_local
 from trainer.layouts import Sharded, SharedDense, Synchronous
-from trainer.replica import Trainer
 from trainer.settings import GroupSettings
 from trainer.shard import exchange
 from trainer.snapshot import read_embeddings, read_manifest
+from trainer.trainer import Trainer
 
 
 def sharded_settings(sparse: str = "ftrl", row_merge: str = "mean"):

@@ -18,8 +18,8 @@ from stream.produce.synthetic import SyntheticConfig, SyntheticCriteo
 from stream.schema import load_schema
 from tests.helpers import criteo_event
 from trainer.batch import Batch, batch_from_features
-from trainer.replica import Trainer
 from trainer.settings import ModelSettings, OptimSettings, TrainerSettings
+from trainer.trainer import Trainer
 from trainer.wide import learn_wide, occurrences
 
 TAGS = load_schema("criteo_tags")

@@ -28,6 +28,7 @@ import numpy as np
 from store.table import EmbeddingTable
 from trainer.errors import SnapshotError
 from trainer.metrics import ProgressiveMetrics, merged_metrics
+from trainer.replica import Replica
 from trainer.snapshot import (
     DELTAS,
     MANIFEST,
@@ -48,7 +49,6 @@ from trainer.snapshot import (
 if TYPE_CHECKING:
     from trainer.group import Control
     from trainer.publish import Publisher
-    from trainer.replica import Trainer
     from trainer.source import BatchSource
 
 log = logging.getLogger("adstream.trainer")
@@ -57,7 +57,7 @@ log = logging.getLogger("adstream.trainer")
 class Checkpointer:
     """Writes and reads one replica's snapshots and publications (`Trainer.checkpoints`)."""
 
-    def __init__(self, replica: Trainer) -> None:
+    def __init__(self, replica: Replica) -> None:
         self.replica = replica
 
     def manifest(

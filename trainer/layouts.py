@@ -11,14 +11,13 @@
 Every collective is in merge.py, compress.py and shard.py; a layout only says which run when.
 `learn` returns this replica's predictions (B,) made before the update (None without a batch);
 the synchronous layouts are collectives, so every replica calls `learn` each round, with or
-without a batch. The loop and `bench merge` both learn through `Trainer.learn_round`.
+without a batch. The loop and `bench merge` both learn through `Trainer.learn_round` (trainer/trainer.py).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -38,17 +37,15 @@ from trainer.merge import (
     set_optimizer_steps,
     share_sightings,
 )
+from trainer.replica import Replica
 from trainer.shard import ShardedTable
 from trainer.step import backward
-
-if TYPE_CHECKING:
-    from trainer.replica import Trainer
 
 
 class Local:
     """A local step (score first, then learn); the replicas meet only at `merge`."""
 
-    def __init__(self, replica: Trainer) -> None:
+    def __init__(self, replica: Replica) -> None:
         self.replica = replica
 
     def learn(self, batch: Batch | None) -> np.ndarray | None:
@@ -161,7 +158,7 @@ class Sharded(Local):
 Layout = Local  # every layout is a Local with its own `learn`
 
 
-def layout_of(replica: Trainer) -> Local:
+def layout_of(replica: Replica) -> Local:
     """The replica's layout from its settings (see the module docstring)."""
     if replica.sharded:
         return Sharded(replica)
@@ -173,7 +170,7 @@ def layout_of(replica: Trainer) -> Local:
 
 
 def synchronous_step(
-    r: Trainer,
+    r: Replica,
     batch: Batch | None,
     rows: EmbeddingTable | ShardedTable,
     group: Group,

@@ -34,10 +34,10 @@ from stream.schema import Schema
 from trainer.configs import store_path
 from trainer.group import Control, in_group, local_gpu
 from trainer.metrics import ProgressiveMetrics, merged_summary
-from trainer.replica import Trainer
 from trainer.schedule import LoopState, Round, Schedule, decide
 from trainer.settings import MlflowSettings, TrainerSettings
 from trainer.snapshot import check_writable, latest_snapshot
+from trainer.trainer import Trainer
 
 if TYPE_CHECKING:
     from trainer.batch import Batch

@@ -1,12 +1,12 @@
-"""Trainer: one replica of the model and its state. The dense network + Adam (or SGD), embedding
+"""Replica: one replica of the model and its state. The dense network + Adam (or SGD), embedding
 rows in the store (sharded over the node's ranks with trainer.shard_within_node), the PowerSGD
 compressor when dense gradients are shared, progressive metrics, and what a snapshot needs (step,
 events, Kafka offsets, the newest event time), with its counters.
 
-How it learns in a group is its layout, chosen once at start (trainer/layouts.py: local, shared
-dense, synchronous, sharded; `learn_round` and `merge` go there); its snapshot files and the
-group's snapshot and delta rounds are its checkpointer's (trainer/checkpoint.py). Alone it takes
-local steps (`learn`).
+How it learns in a group is its layout (trainer/layouts.py: local, shared dense, synchronous,
+sharded); its snapshot files and the group's snapshot and delta rounds are its checkpointer's
+(trainer/checkpoint.py); `Trainer` (trainer/trainer.py) is the replica with both, chosen once at
+start. Alone it takes local steps (`learn`).
 """
 
 from __future__ import annotations
@@ -25,13 +25,11 @@ from store.table import EmbeddingTable
 from stream.featurizer.featurize import shared_ids
 from stream.schema import Schema
 from trainer.batch import Batch
-from trainer.checkpoint import Checkpointer
 from trainer.compress import PowerSgd
 from trainer.configs import make_optimizer, make_tier, model_config, table_config
 from trainer.delayed import FinalLabels
 from trainer.errors import TrainerError
 from trainer.group import Control, check_gpu
-from trainer.layouts import layout_of
 from trainer.merge import Group, MergeStats
 from trainer.metrics import ProgressiveMetrics
 from trainer.model import CtrModel
@@ -67,7 +65,10 @@ def node_groups(world: int, rank: int, sharded: bool) -> tuple[Group, Group, int
     return cast(Group, by_node[rank // local]), cast(Group, across[rank % local]), nodes
 
 
-class Trainer:
+class Replica:
+    """One replica's state and its local step (see the module docstring); `Trainer` adds its layout
+    and checkpointer (trainer/trainer.py)."""
+
     def __init__(self, schema: Schema, settings: TrainerSettings) -> None:
         check_gpu(settings.device)
         if settings.threads:
@@ -122,8 +123,6 @@ class Trainer:
         self.bytes_sent = 0  # merge / sync payload this replica sent
         self.merges = 0
         self.merged_step = 0  # the step of the last merge (a restored replica: of its snapshot, taken at one)
-        self.layout = layout_of(self)  # how this replica learns in its group (trainer/layouts.py)
-        self.checkpoints = Checkpointer(self)  # its snapshot files and publication rounds (trainer/checkpoint.py)
 
     def record(self, batch: Batch, probs: np.ndarray, started: float) -> None:
         """Count a learned batch: progressive metrics (each impression once, under fake negatives),
@@ -165,15 +164,6 @@ class Trainer:
         """Announce the batch that comes after the next `learn`'s: its cold rows are read from
         RocksDB while that one trains. The results of `learn` do not depend on it."""
         self.table.prefetch(np.concatenate([batch.ids.reshape(-1)] + [ids for _, ids in batch.lists]))
-
-    def learn_round(self, batch: Batch | None) -> np.ndarray | None:
-        """This replica's part of one learning round, by the group's layout (trainer/layouts.py).
-        Returns this replica's predictions (B,) made before the update (None without a batch)."""
-        return self.layout.learn(batch)
-
-    def merge(self) -> MergeStats:
-        """The k-step merge of the group's replicas (a collective; trainer/layouts.py)."""
-        return self.layout.merge()
 
     def learn(self, batch: Batch) -> StepResult:
         """One local step (score first, then learn); merges are separate (`merge`)."""

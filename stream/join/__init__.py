@@ -5,5 +5,4 @@ inputs.py   impression and click records -> the join's records
 outputs.py  what the join emitted -> records for the events topic
 state.py    the state on disk: one RocksDB per input partition
 joiner.py   the shell: a chunk of records -> the Cursor -> one RocksDB write -> one Kafka transaction
-settings.py [stream.join]
 """

@@ -56,7 +56,7 @@ from stream.formats.clicks import click_record
 from stream.formats.dead_letter import RECORD_OVERHEAD, dead_letter
 from stream.join.inputs import ClickFields, one_impression, read_clicks, read_impressions
 from stream.join.outputs import event_records
-from stream.join.policy import Click, Cursor, Emission, Impression, JoinRules, payload_kept_ms
+from stream.join.policy import Click, Cursor, Emission, Impression, JoinRules, join_rules, payload_kept_ms
 from stream.join.reroute import moved_value, split_by_home
 from stream.join.state import PartitionState, PendingOutput, Progress
 from stream.join.transactions import Transactions
@@ -139,7 +139,7 @@ class Joiner:
 
         self.kafka, self.settings, self.join = kafka, settings, settings.join
         self.schema: Schema = load_schema(settings.schema)
-        self.rules: JoinRules = self.join.rules()
+        self.rules: JoinRules = join_rules(self.join)
         self.fields = ClickFields(self.join.click_impression_id, self.join.click_time)
         self.consumer = Consumer(
             {

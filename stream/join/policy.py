@@ -46,6 +46,7 @@ from functools import partial
 from typing import NamedTuple
 
 from stream.errors import StreamError
+from stream.settings import JOIN_POLICIES, JoinSettings
 
 # Emission.kind: what an emitted labelled event is. It stays in the joiner (counters, tests, the join
 # bench); the events written carry only the label, and the trainer tells a positive copy by its
@@ -85,6 +86,7 @@ WINDOW = JoinPolicy("window", False, False, True, ("none",))
 FAKE_NEGATIVE_POLICY = JoinPolicy("fake_negative", True, False, False, ("fnw", "fnc"))
 ELAPSED_POLICY = JoinPolicy("elapsed", False, True, False, ("fnw", "fnc"))
 POLICIES = {p.name: p for p in (WINDOW, FAKE_NEGATIVE_POLICY, ELAPSED_POLICY)}
+assert tuple(POLICIES) == JOIN_POLICIES, "stream/settings.py names every policy, in this order"
 
 
 def check_delayed_feedback(policy: str, delayed_feedback: str) -> None:
@@ -102,8 +104,8 @@ def check_delayed_feedback(policy: str, delayed_feedback: str) -> None:
 @dataclass(frozen=True)
 class JoinRules:
     """The join's settings in event-time milliseconds, with the policy resolved. Built from
-    [stream.join] by JoinSettings.rules() (stream/join/settings.py), where each knob and its default
-    is declared; the transitions read only this."""
+    [stream.join] by `join_rules` (each knob, its default and its checks are declared once, in
+    stream/settings.py's JoinSettings); the transitions read only this."""
 
     policy: str  # a POLICIES name: see the module docstring
     window_ms: int  # attribution window: a click counts if it comes this soon after its impression
@@ -115,15 +117,16 @@ class JoinRules:
         if self.policy not in POLICIES:
             raise StreamError(f"config stream.join.policy={self.policy!r}: use one of {list(POLICIES)}")
         object.__setattr__(self, "kind", POLICIES[self.policy])
-        for name in ("window_ms", "allowed_lateness_ms", "elapsed_ms"):
-            if getattr(self, name) < 0:
-                raise StreamError(f"config stream.join.{name[:-3]}_s={getattr(self, name) / 1000}: must be >= 0")
-        if self.kind.waits_elapsed and self.elapsed_ms > self.window_ms:
-            raise StreamError(
-                f"config stream.join.elapsed_s={self.elapsed_ms / 1000} is longer than "
-                f"window_s={self.window_ms / 1000}: an impression would be emitted after its window closed; "
-                "lower elapsed_s"
-            )
+
+
+def join_rules(settings: JoinSettings) -> JoinRules:
+    """[stream.join] -> the rules the transitions read."""
+    return JoinRules(
+        policy=settings.policy,
+        window_ms=round(settings.window_s * 1000),
+        allowed_lateness_ms=round(settings.allowed_lateness_s * 1000),
+        elapsed_ms=round(settings.elapsed_s * 1000),
+    )
 
 
 class RowRef(NamedTuple):

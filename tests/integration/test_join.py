@@ -19,12 +19,12 @@ import pytest
 
 from stream.formats.arrow import event_table, is_arrow_bundle
 from stream.join.outputs import read_events
-from stream.join.settings import JoinSettings
 from stream.kafka.partitioner import murmur2_partition
 from stream.kafka.topics import ensure_topics
 from stream.produce.clicks import interleave, split_clicks
 from stream.produce.replay import ReplayRecord, replay
 from stream.produce.synthetic import SyntheticConfig, SyntheticCriteo
+from stream.settings import JoinSettings
 
 from .helpers import start_cli
 
