@@ -39,8 +39,9 @@ class JoinSettings:
         check_fields(self, "stream.join", StreamError)
         if self.policy == "elapsed" and self.elapsed_s > self.window_s:
             raise StreamError(
-                f"config stream.join.elapsed_s={float(self.elapsed_s)} is longer than window_s={float(self.window_s)}: an "
-                "impression would be emitted after its window closed; lower elapsed_s"
+                f"config stream.join.elapsed_s={float(self.elapsed_s)} is longer than "
+                f"window_s={float(self.window_s)}: an impression would be emitted after its window closed; "
+                "lower elapsed_s"
             )
 
 
