@@ -7,7 +7,8 @@
     trainer's sub-settings (trainer/settings.py); `--set trainer.optim.lr=0.01` reaches them too.
 
 An unknown section or key is an error that lists the valid ones. kafka.bootstrap and
-mlflow.tracking_uri follow the stack's ports unless set explicitly.
+mlflow.tracking_uri follow the stack's ports unless set explicitly; serving.alias follows
+mlflow.alias.
 """
 
 from __future__ import annotations
@@ -110,6 +111,8 @@ def build_config(sections: dict[str, dict[str, Any]]) -> Config:
         config = replace(config, kafka=replace(config.kafka, bootstrap=config.stack.bootstrap))
     if not mlflow_given:
         config = replace(config, mlflow=replace(config.mlflow, tracking_uri=config.stack.tracking_uri))
+    if not config.serving.alias:  # serving follows the alias the trainer moves unless told otherwise
+        config = replace(config, serving=replace(config.serving, alias=config.mlflow.alias))
     if not config.trainer.label_wait_s:  # fake-negative metrics wait as long as the join may label
         join = config.stream.join
         config = replace(config, trainer=replace(config.trainer, label_wait_s=join.window_s + join.allowed_lateness_s))

@@ -213,6 +213,10 @@ def registry_fetch(tracking_uri: str, model_name: str, settings: ServingSettings
         if old.folder is not None:
             shutil.rmtree(old.folder, ignore_errors=True)
 
+    if not settings.alias:
+        raise ServingError(
+            "config serving.alias is empty: set it, or build the settings with adstream.config (mlflow.alias)"
+        )
     registry = MlflowRegistry(tracking_uri, model_name, settings.alias, settings.cache_dir)
     return Follower(registry, load, apply_delta, drop)
 

@@ -27,7 +27,9 @@ class JudgeSettings:
 class ServingSettings:
     host: str = "127.0.0.1"  # interface to bind
     port: int = at_least(1, 18000)  # HTTP port
-    alias: str = "live"  # registry alias to serve; "latest" means the highest version number
+    # registry alias to serve; "" = mlflow.alias, the one the trainer moves (adstream/config.py fills it
+    # in); "latest" means the highest version number
+    alias: str = ""
     poll_s: float = at_least(0.01, 1.0)  # how often to look for a newer version or delta (2 registry calls)
     cache_dir: str = ".state/serving"  # where downloaded snapshots are kept
     store: str = one_of(("ram", "rocksdb"), "ram")  # served rows: "ram" (sorted arrays) or "rocksdb" (tables > RAM)

@@ -249,3 +249,9 @@ def test_a_join_policy_and_the_trainers_delayed_feedback_must_fit(policy, delaye
     else:
         with pytest.raises(AdstreamError, match=rf"stream.join.policy='{policy}'.*trainer.optim.delayed_feedback"):
             build_config(sections)
+
+
+def test_serving_follows_the_alias_the_trainer_moves_unless_given_its_own():
+    assert build_config({}).serving.alias == "live"
+    assert build_config({"mlflow": {"alias": "prod"}}).serving.alias == "prod"
+    assert build_config({"mlflow": {"alias": "prod"}, "serving": {"alias": "latest"}}).serving.alias == "latest"
