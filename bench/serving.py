@@ -524,8 +524,11 @@ def beside_pipeline(
         state_dir=str(work / "join"),
     )
     stream = replace(config.stream, app_id=f"{scope}-featurizer", join=join)
-    trainer = replace(
-        config.trainer, group_id=f"{scope}-trainer", snapshot=replace(config.trainer.snapshot, dir=str(work / "snap"))
+    trainer = replace(  # fake_negative's labels learned with FN weighting, as the policy requires
+        config.trainer,
+        group_id=f"{scope}-trainer",
+        snapshot=replace(config.trainer.snapshot, dir=str(work / "snap")),
+        optim=replace(config.trainer.optim, delayed_feedback="fnw"),
     )
     mlflow = replace(config.mlflow, experiment=f"{config.mlflow.experiment}-bench", model_name=f"{scope}-model")
     schema = load_schema(stream.schema)

@@ -17,8 +17,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from common.checks import with_changes
 from stream.formats.arrow import event_table, is_arrow_bundle
 from stream.join.outputs import read_events
+from stream.join.policy import POLICIES
 from stream.kafka.partitioner import murmur2_partition
 from stream.kafka.topics import ensure_topics
 from stream.produce.clicks import interleave, split_clicks
@@ -67,7 +69,9 @@ def _joining(isolated, tmp_path, policy: str, **more):
         app_id=f"{isolated.stream.app_id}-joiner",
         **more,
     )
-    return replace(isolated, stream=replace(isolated.stream, join=join))
+    # a trainer reading this config would learn the policy's labels with the loss it needs
+    learns = with_changes(isolated.trainer, {"optim.delayed_feedback": POLICIES[policy].delayed_feedback[0]})
+    return replace(isolated, stream=replace(isolated.stream, join=join), trainer=learns)
 
 
 def _misrouted(records):
