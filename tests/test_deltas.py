@@ -129,7 +129,7 @@ def test_rows_the_trainer_expires_leave_serving_with_the_next_delta(schema, tmp_
 
 
 def test_a_recovery_snapshot_leaves_out_rows_ttl_expired_in_rocksdb(schema, tmp_path):
-    """The product path (Trainer.save): rows evicted to RocksDB and then unseen past the TTL
+    """The product path (Checkpointer.save): rows evicted to RocksDB and then unseen past the TTL
     are neither in the snapshot nor on disk afterwards; rows still in use are."""
     tiny = 48  # bytes: budgets of a few dozen rows, so most rows soon live in RocksDB alone
     settings = small_tiered_settings(tmp_path / "t", device_bytes=32 * tiny, ram_bytes=64 * tiny, ttl_steps=2)

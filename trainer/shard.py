@@ -19,7 +19,7 @@ step moves rows to where the batch is and gradients back to where the row lives:
 So a sharded step equals a synchronous data-parallel step over replicated tables
 (`layouts.Synchronous`) on the same batches, row for row (tests/test_shard.py), while each rank
 stores about 1/N of the rows. Every call here is a collective over the node's process group: all
-its ranks call it together, a rank without a batch with no ids. Between nodes, replica.Trainer.merge
+its ranks call it together, a rank without a batch with no ids. Between nodes, layouts.Local.merge
 averages every k steps over a second group, rank r of each node with rank r of the others (they own
 the same ids), as replicas merge (merge.py). On GPUs the same all_to_all runs over NCCL (which takes
 NVLink by itself); in the tests it runs over gloo on the CPU.
@@ -182,7 +182,7 @@ class ShardedTable:
         changed rows the ranks still hold and the union of the changed ids (those not held were
         removed: the delta says so); None on the others. Collective. (A delta holds the rows
         changed in a few seconds, so one rank can hold them; snapshots and bases are written
-        shard by shard instead, see Trainer.save.)"""
+        shard by shard instead, see Checkpointer.save.)"""
         rows, held = self.local.stored_rows(changed)
         parts = self._gather((changed[held], rows[torch.from_numpy(held)].numpy(), changed))
         if parts is None:
