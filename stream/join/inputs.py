@@ -19,6 +19,7 @@ its time (`ClickFields.time`, ms); a click labels its impression 1 (the schema's
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 import orjson
@@ -203,3 +204,31 @@ def _arrow_table_reason(table: pa.Table, schema: Schema) -> str | None:
     if not pa.types.is_integer(table.schema.field(schema.timestamp).type):
         return f"{schema.timestamp}: column type {table.schema.field(schema.timestamp).type}, expected integers"
     return None
+
+
+class Read(NamedTuple):
+    """One input record as read: its impressions or clicks, its bad lines, an Arrow bundle's table."""
+
+    partition: int
+    offset: int
+    value: bytes
+    topic: str
+    impressions: bool  # an impressions record (else clicks)
+    items: list  # Impression or Click, in order
+    bad: list[Rejected]
+    bundle: pa.Table | None = None
+
+
+def read_record(message: Any, impressions_topic: str, schema: Schema, fields: ClickFields) -> Read:
+    """One record -> its impressions or clicks, its bad lines and (Arrow) its bundle; the usual
+    single JSON impression the short way."""
+    topic, p, offset = message.topic(), message.partition(), message.offset()
+    value = message.value() or b""
+    if topic == impressions_topic:
+        one = one_impression(value, schema)
+        if one is not None:
+            return Read(p, offset, value, topic, True, [one], [])
+        items, bad, bundle = read_impressions(RawRecord(p, offset, value), schema)
+        return Read(p, offset, value, topic, True, items, bad, bundle)  # type: ignore[arg-type]
+    clicks, bad = read_clicks(RawRecord(p, offset, value), fields)
+    return Read(p, offset, value, topic, False, clicks, bad)  # type: ignore[arg-type]

@@ -45,17 +45,15 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
 
-import pyarrow as pa
 from prometheus_client import Counter, Gauge
 
 from stream.formats.clicks import click_record
 from stream.formats.dead_letter import RECORD_OVERHEAD, dead_letter
-from stream.join.inputs import ClickFields, one_impression, read_clicks, read_impressions
+from stream.join.inputs import ClickFields, Read, read_record
 from stream.join.outputs import event_records
+from stream.join.partitions import NEVER, Inputs, Partition, worker_partitions
 from stream.join.policy import Click, Cursor, Emission, Impression, JoinRules, join_rules, payload_kept_ms
 from stream.join.reroute import moved_value, split_by_home
 from stream.join.state import PartitionState, PendingOutput, Progress
@@ -64,7 +62,7 @@ from stream.kafka.client_log import quiet_logs
 from stream.kafka.partitioner import murmur2_partitions
 from stream.kafka.prometheus import serve_metrics
 from stream.kafka.settings import KafkaSettings
-from stream.records import RawRecord, Rejected
+from stream.records import Rejected
 from stream.schema import Schema, load_schema
 from stream.settings import StreamSettings
 
@@ -92,43 +90,6 @@ STATE_BYTES = Gauge("adstream_join_state_bytes", "bytes of join state on disk an
 WATERMARK_LAG = Gauge("adstream_join_watermark_lag_seconds", "wall-clock time minus the lowest partition watermark")
 EXIT_CANNOT_WRITE = 70
 REROUTED_FROM = "adstream-rerouted-from"  # header of a moved record: topic:partition:offset it came from
-NEVER = -(1 << 62)
-
-
-@dataclass
-class _Partition:
-    """One input partition's state, cursor and offsets (the joiner's mutable shell state)."""
-
-    number: int  # the partition
-    state: PartitionState
-    cursor: Cursor
-    impressions_offset: int
-    clicks_offset: int
-    touched: bool = False  # read from in this chunk
-    newest_click: int = NEVER  # newest click time read (since start)
-    # records moved here from another partition and not read back yet: the oldest one's event time
-    # (the watermark waits for it) and, once their transaction committed, the offset by which this
-    # partition's input (impressions or clicks) has read them all
-    holds: dict[str, tuple[int, int]] = field(default_factory=dict)
-    # how far the clicks that may label this partition's impressions are known to have come (event
-    # time; None: all read): the worker's unread clicks partitions and clicks moved here (_align)
-    clicks_frontier: int | None = NEVER
-    # the input partitions paused because they ran ahead of the other in event time (Joiner._align)
-    paused: dict[str, bool] = field(default_factory=lambda: {"impressions": False})
-    outputs: list[PendingOutput] = field(default_factory=list)
-
-
-class _Read(NamedTuple):
-    """One input record as read: its impressions or clicks, its bad lines, an Arrow bundle's table."""
-
-    partition: int
-    offset: int
-    value: bytes
-    topic: str
-    impressions: bool  # an impressions record (else clicks)
-    items: list  # Impression or Click, in order
-    bad: list[Rejected]
-    bundle: pa.Table | None = None
 
 
 class Joiner:
@@ -158,29 +119,12 @@ class Joiner:
         )
         self.worker = worker
         self.transactions = Transactions(kafka, self.join.app_id, worker)
-        self.partitions = self._my_partitions(worker, workers)
-        self.parts: dict[int, _Partition] = {}
+        self.partitions, self.input_partitions, self.events_partitions = worker_partitions(
+            self.consumer, kafka, worker, workers
+        )
+        self.parts: dict[int, Partition] = {}
+        self.inputs = Inputs(self.consumer, kafka, self.rules, self.parts)
         self._warned_moves = False
-
-    def _my_partitions(self, worker: int, workers: int) -> list[int]:
-        from stream.errors import StreamError
-
-        topics = self.consumer.list_topics(timeout=30).topics
-        counts = []
-        for name in (self.kafka.impressions_topic, self.kafka.clicks_topic):
-            if name not in topics or topics[name].error is not None:
-                raise StreamError(f"join: no topic {name} at {self.kafka.bootstrap}; create it with `adstream up`")
-            counts.append(len(topics[name].partitions))
-        if counts[0] != counts[1]:
-            raise StreamError(
-                f"join: {self.kafka.impressions_topic} has {counts[0]} partitions, {self.kafka.clicks_topic} "
-                f"{counts[1]}; the join needs them co-partitioned: give both the same count"
-            )
-        events = topics.get(self.kafka.events_topic)
-        if events is None or events.error is not None:
-            raise StreamError(f"join: no topic {self.kafka.events_topic} at {self.kafka.bootstrap}; run `adstream up`")
-        self.input_partitions, self.events_partitions = counts[0], len(events.partitions)
-        return [p for p in range(counts[0]) if p % workers == worker]
 
     def start(self) -> None:
         """Fence any earlier instance, finish what a crash left unsent, and assign the partitions."""
@@ -201,7 +145,7 @@ class Joiner:
             timers = [(entry.due, key) for key, entry in state.entries()]
             cursor = Cursor(self.rules, state.get, state.stage, timers, progress.newest_ts, state.preload)
             cursor.frontier = NEVER  # no click read yet: no window closes until they are
-            part = _Partition(p, state, cursor, progress.impressions_offset, progress.clicks_offset)
+            part = Partition(p, state, cursor, progress.impressions_offset, progress.clicks_offset)
             part.holds = {which: (ts, until) for which, ts, until in progress.holds}
             self.parts[p] = part
             behind = (_offset(committed.get((imp, p))), _offset(committed.get((clk, p)))) != (
@@ -216,7 +160,7 @@ class Joiner:
                 assignment.append(TopicPartition(topic, p, offset if offset >= 0 else OFFSET_BEGINNING))
         if any(part.touched for part in self.parts.values()):
             self._send()
-        self._note_moved()  # holds a crash left unresolved: until the inputs' ends now
+        self.inputs.note_moved()  # holds a crash left unresolved: until the inputs' ends now
         self.consumer.assign(assignment)
 
     def step(self, timeout_s: float | None = None) -> int:
@@ -231,12 +175,12 @@ class Joiner:
             return 0
         imp = self.kafka.impressions_topic
         messages.sort(key=lambda m: m.topic() == imp)  # a chunk's clicks first: fewer wait as early clicks
-        reads = [self._read(m, imp) for m in messages]
+        reads = [read_record(m, imp, self.schema, self.fields) for m in messages]
         ids = [item.impression_id.encode() for read in reads for item in read.items]
         homes = murmur2_partitions(ids, self.input_partitions).tolist()  # each id's own partition
         clicked = False  # clicks read or records moved: the frontiers move before the next impressions
         run: list[Impression] = []  # consecutive impressions of one partition, joined together
-        run_part: _Partition | None = None
+        run_part: Partition | None = None
         at = 0
         for read in reads:
             part = self.parts[read.partition]
@@ -255,7 +199,7 @@ class Joiner:
                 clicked = True
             else:
                 if clicked:
-                    self._move_frontiers()
+                    self.inputs.move_frontiers()
                     clicked = False
                 if run_part is not part or read.bundle is not None:
                     self._join_run(run_part, run)
@@ -268,28 +212,14 @@ class Joiner:
                 part.outputs += [self._letter(str(read.topic), r) for r in read.bad]
                 REJECTED.inc(len(read.bad))
         self._join_run(run_part, run)
-        self._move_frontiers(settled=True)
+        self.inputs.move_frontiers(settled=True)
         for p, part in self.parts.items():
             if part.touched:
                 self._close_chunk(p, part)
         self._send()
         return len(messages)
 
-    def _read(self, message: Any, impressions_topic: str) -> _Read:
-        """One record -> its impressions or clicks, its bad lines and (Arrow) its bundle; the usual
-        single JSON impression the short way."""
-        topic, p, offset = message.topic(), message.partition(), message.offset()
-        value = message.value() or b""
-        if topic == impressions_topic:
-            one = one_impression(value, self.schema)
-            if one is not None:
-                return _Read(p, offset, value, topic, True, [one], [])
-            items, bad, bundle = read_impressions(RawRecord(p, offset, value), self.schema)
-            return _Read(p, offset, value, topic, True, items, bad, bundle)  # type: ignore[arg-type]
-        clicks, bad = read_clicks(RawRecord(p, offset, value), self.fields)
-        return _Read(p, offset, value, topic, False, clicks, bad)  # type: ignore[arg-type]
-
-    def _join_run(self, part: _Partition | None, impressions: list[Impression]) -> None:
+    def _join_run(self, part: Partition | None, impressions: list[Impression]) -> None:
         """Consecutive impressions of one partition into its cursor, their entries read together."""
         if part is None or not impressions:
             return
@@ -298,7 +228,7 @@ class Joiner:
             part.state.preload([i.impression_id for i in impressions])
         part.cursor.impressions(impressions)
 
-    def _keep(self, read: _Read, homes: list[int]) -> list[Impression | Click]:
+    def _keep(self, read: Read, homes: list[int]) -> list[Impression | Click]:
         """The impressions or clicks of this partition; the others are moved to theirs (`_move`)."""
         kept, away = split_by_home(read.items, homes, read.partition)
         for q, moved in away.items():
@@ -306,7 +236,7 @@ class Joiner:
             self._move(read, q, moved[0].impression_id, value, moved)
         return kept
 
-    def _move(self, read: _Read, to: int, key: str, value: bytes, moved: list) -> None:
+    def _move(self, read: Read, to: int, key: str, value: bytes, moved: list) -> None:
         """Send records that arrived on the wrong partition to `to`, in this chunk's transaction (so
         exactly once: with the offset that read them); hold `to`'s watermark until it reads them
         back, where `to` is this worker's."""
@@ -334,95 +264,9 @@ class Joiner:
             target.holds[which] = (min(oldest, held[0]) if held else oldest, -1)  # its offset: once committed
             target.touched = True
 
-    def _move_frontiers(self, settled: bool = False) -> None:
-        """Let each partition's watermark pass the clicks read so far, of every clicks partition of
-        this worker (a click for p may first arrive on q and be moved), or go free once every click is
-        read (each partition's high offset, as of the last fetch, reached); likewise never past the
-        newest impression of an impressions partition not read to its end (an impression for p may
-        first arrive on q), nor past a moved record not read back yet. Then run the timers it passed."""
-        clicks: int | None = None
-        impressions: int | None = None
-        for p, part in self.parts.items():
-            if not self._caught_up(self.kafka.clicks_topic, p, part.clicks_offset, settled):
-                clicks = _lowest(clicks, part.newest_click)
-            if not self._caught_up(self.kafka.impressions_topic, p, part.impressions_offset, settled):
-                impressions = _lowest(impressions, NEVER if part.cursor.newest is None else part.cursor.newest)
-        for part in self.parts.values():
-            self._release_holds(part)
-            part.clicks_frontier = _lowest(clicks, part.holds.get("clicks", (None,))[0])
-            held = _lowest(impressions, part.holds.get("impressions", (None,))[0])
-            part.cursor.frontier = _lowest(part.clicks_frontier, held)
-            if part.cursor.fire(part.cursor.watermark):
-                part.touched = True  # its state changed: commit it with this chunk
-
-    def _topic(self, which: str) -> str:
-        """The topic of an input ("impressions" or "clicks")."""
-        return self.kafka.impressions_topic if which == "impressions" else self.kafka.clicks_topic
-
-    def _release_holds(self, part: _Partition) -> None:
-        for which, (_, until) in list(part.holds.items()):
-            offset = part.impressions_offset if which == "impressions" else part.clicks_offset
-            if until >= 0 and offset >= until:
-                del part.holds[which]
-
-    def _align(self, p: int, part: _Partition) -> None:
-        """Read the two inputs in step, in event time: while the clicks partition has unread clicks
-        and the impressions are more than the lateness allowance ahead of its newest click, pause
-        the impressions partition; resume it once the clicks caught up. So the joiner's output
-        follows event time (a fake negative and its positive copy come about a click delay apart, as
-        live), and the state does not grow with how far the impressions ran ahead. (Clicks that ran
-        ahead of their impressions are held as early clicks instead: pausing the clicks too, whose
-        fetches reach much further in time than the impression bundles', costs more in refetches
-        than the early clicks' slow path.)"""
-        cursor, frontier = part.cursor, part.clicks_frontier  # (impressions moved here are read on, not waited for)
-        ahead = (
-            frontier is not None
-            and cursor.newest is not None
-            and cursor.newest > frontier + self.rules.allowed_lateness_ms
-        )
-        self._pause(p, part, "impressions", ahead, part.impressions_offset)
-
-    def _caught_up(self, topic: str, p: int, offset: int, settled: bool = False, fresh: bool = False) -> bool:
-        """Whether the partition's next offset to read (-1: none read yet) reached its end, as of the
-        last fetch (an empty partition is caught up from the start). `settled`: every record the
-        consumer returned is processed, so its position counts too: a partition written in
-        transactions (records moved there) ends with a commit marker no record stands for, which
-        the position passes and our next offset never reaches. `fresh`: the end asked of the broker now."""
-        from confluent_kafka import TopicPartition
-
-        tp = TopicPartition(topic, p)
-        low, high = self.consumer.get_watermark_offsets(tp, **({"timeout": 30} if fresh else {"cached": True}))
-        if high is None or high < 0:
-            return False  # not fetched yet
-        at = offset if offset >= 0 else max(low or 0, 0)
-        if at < high and settled and at >= high - 16:  # (a few markers at most: don't ask otherwise)
-            at = max(at, self.consumer.position([tp])[0].offset)
-        return at >= high
-
-    def _pause(self, p: int, part: _Partition, which: str, pause: bool, offset: int) -> None:
-        from confluent_kafka import TopicPartition
-
-        if pause == part.paused[which]:
-            return
-        topic = self._topic(which)
-        tp = [TopicPartition(topic, p, offset)]
-        if pause:
-            self.consumer.pause(tp)
-        else:
-            self.consumer.resume(tp)
-            if offset >= 0:
-                self.consumer.seek(tp[0])  # from the next record not yet read
-        part.paused[which] = pause
-
     def at_end(self) -> bool:
-        """Whether every input partition of this worker is read to its end (asked of the broker now)
-        and no record moved to one of them is still unread."""
-        return all(
-            not part.holds
-            and self._caught_up(self.kafka.impressions_topic, p, part.impressions_offset, settled=True, fresh=True)
-            and self._caught_up(self.kafka.clicks_topic, p, part.clicks_offset, settled=True, fresh=True)
-            for p, part in self.parts.items()
-        )
+        """Whether every input partition of this worker is read to its end (Inputs.at_end)."""
+        return self.inputs.at_end()
 
     def end_of_input(self) -> None:
         """The end of a bounded log: close every window now (event time runs past every timer),
@@ -434,8 +278,8 @@ class Joiner:
             part.touched = True
         self._send()
 
-    def _close_chunk(self, p: int, part: _Partition, bundles_before: int | None = None) -> None:
-        self._align(p, part)
+    def _close_chunk(self, p: int, part: Partition, bundles_before: int | None = None) -> None:
+        self.inputs.align(p, part)
         emitted, dead, counts = part.cursor.take()
         part.outputs += self._records(part, emitted)
         for click in dead:
@@ -458,7 +302,7 @@ class Joiner:
             bundles_before = part.cursor.watermark - payload_kept_ms(self.rules)
         part.state.commit(progress, part.outputs, bundles_before)
 
-    def _records(self, part: _Partition, emitted: list[Emission]) -> list[PendingOutput]:
+    def _records(self, part: Partition, emitted: list[Emission]) -> list[PendingOutput]:
         """Labelled events as records of at most bundle_events events and the message limit."""
         limit = self.kafka.max_message_bytes - RECORD_OVERHEAD
         records = event_records(emitted, self.schema.label, part.state.bundle, self.join.bundle_events, limit)
@@ -484,38 +328,8 @@ class Joiner:
         self.transactions.send(outputs, [tp for tp in offsets if tp.offset >= 0], self.consumer)
         for part in touched.values():
             part.touched, part.outputs = False, []
-        self._note_moved()
-        self._report()
-
-    def _note_moved(self) -> None:
-        """Once the transaction with moved records committed: the offset by which each partition of
-        this worker they went to will have read them (its end now; asked again next chunk if the
-        broker does not answer)."""
-        from confluent_kafka import KafkaException, TopicPartition
-
-        for q, part in self.parts.items():
-            for which, (ts, until) in list(part.holds.items()):
-                if until >= 0:
-                    continue
-                topic = self._topic(which)
-                try:
-                    _, high = self.consumer.get_watermark_offsets(TopicPartition(topic, q), timeout=10, cached=False)
-                except KafkaException:
-                    continue
-                part.holds[which] = (ts, high - 1)  # (the last record is the transaction's commit marker)
-
-    def _report(self) -> None:
-        pending = size = 0
-        watermarks = []
-        for part in self.parts.values():
-            count, nbytes = part.state.stats()
-            pending, size = pending + count, size + nbytes
-            if part.cursor.newest is not None:
-                watermarks.append(part.cursor.watermark)
-        PENDING.set(pending)
-        STATE_BYTES.set(size)
-        if watermarks:
-            WATERMARK_LAG.set(time.time() - min(watermarks) / 1000)
+        self.inputs.note_moved()
+        report_state(self.parts)
 
     def close(self) -> None:
         self.consumer.close()
@@ -523,9 +337,19 @@ class Joiner:
             part.state.close()
 
 
-def _lowest(a: int | None, b: int | None) -> int | None:
-    """The lower of two frontiers, None standing for none."""
-    return b if a is None else a if b is None else min(a, b)
+def report_state(parts: dict[int, Partition]) -> None:
+    """The join-state gauges: pending entries, state bytes, the watermark's lag behind the clock."""
+    pending = size = 0
+    watermarks = []
+    for part in parts.values():
+        count, nbytes = part.state.stats()
+        pending, size = pending + count, size + nbytes
+        if part.cursor.newest is not None:
+            watermarks.append(part.cursor.watermark)
+    PENDING.set(pending)
+    STATE_BYTES.set(size)
+    if watermarks:
+        WATERMARK_LAG.set(time.time() - min(watermarks) / 1000)
 
 
 def _offset(committed: int | None) -> int:
