@@ -26,13 +26,14 @@ import torch
 import torch.nn.functional as F
 from rich.progress import Progress
 
+from store.configs import HierarchyConfig, TableConfig
 from store.hashing import GOLDEN
-from store.hierarchy import HierarchyConfig, TieredStore
+from store.hierarchy import TieredStore
 from store.pipeline import RocksPipeline
 from store.ram import RamTier
 from store.rocks import RocksTier
 from store.sparse_optim import SparseOptimConfig
-from store.table import EmbeddingTable, TableConfig
+from store.table import EmbeddingTable
 
 ADAM = SparseOptimConfig("adam", lr=1e-3)  # the baseline's SparseAdam(lr=1e-3), row by row
 

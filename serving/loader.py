@@ -25,10 +25,11 @@ import torch
 
 from serving.errors import ServingError
 from serving.scorer import Scorer, scorer_of
+from store.configs import TableConfig
 from store.errors import StoreError
 from store.frozen import FrozenTier
 from store.rocks import RocksTier
-from store.table import EmbeddingTable, TableConfig
+from store.table import EmbeddingTable
 from store.tier import Tier
 from stream.featurizer.featurize import shared_ids
 from stream.schema import Schema

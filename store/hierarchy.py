@@ -24,41 +24,20 @@ import json
 import os
 import shutil
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from common.checks import at_least, check_fields, one_of
+from store.configs import HierarchyConfig
 from store.errors import StoreError
 from store.pipeline import RocksPipeline
 from store.ram import RamTier
-from store.rocks import TABLE_FORMATS, RocksTier
+from store.rocks import RocksTier
 from store.tier import Tier
 
 CHECKPOINT_MANIFEST = "manifest.json"  # written last: a checkpoint folder without it is incomplete
-
-
-@dataclass(frozen=True)
-class HierarchyConfig:
-    device_bytes: int  # budget of the device tier (HBM on CUDA); must hold one batch's unique rows
-    ram_bytes: int  # budget of the host RAM tier
-    disk_bytes: int  # budget of the RocksDB tier
-    path: str  # RocksDB directory (placement.py picks one per GPU on its NUMA node's storage)
-    device: str = "cpu"  # "cuda:0" puts the device tier in HBM
-    policy: str = one_of(("lru", "lfu"), "lru")  # eviction policy of the device and RAM tiers
-    ttl_steps: int = 0  # drop rows unseen for this many steps; 0 = never
-    evict_slack: float = at_least(0, 0.05)  # evict this fraction of a tier's capacity extra, to evict less often
-    pipelined: bool = True  # RocksDB reads ahead (prefetch) and write-backs behind, on an IO thread
-    # a device tier above RAM. The trainer has one only on a CUDA device: on the CPU it would be a
-    # second cache in the same memory, and every row would be copied and indexed twice per step
-    device_tier: bool = True
-    # RocksDB's table files: "plain" (hash-indexed: faster cold reads, ~14 bytes of RAM a row) or "block"
-    rocksdb_format: str = one_of(TABLE_FORMATS, "plain")
-
-    def __post_init__(self) -> None:
-        check_fields(self, "HierarchyConfig", StoreError)
 
 
 class TieredStore(Tier):

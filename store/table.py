@@ -18,51 +18,19 @@ Unseen ids, one rule for the trainer and for serving (`unseen_vectors`):
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from store.admission import AdmissionSketch
+from store.configs import TableConfig
 from store.dedup import unique_inverse
 from store.errors import StoreError
 from store.init import initial_vectors
-from store.sparse_optim import SparseOptimConfig, cowclip, row_width, sparse_step, split_row_grads, vectors_of
+from store.sparse_optim import cowclip, row_width, sparse_step, split_row_grads, vectors_of
 from store.sparse_optim import wide_columns as wide_columns_of
 from store.tier import Tier
-
-
-@dataclass(frozen=True)
-class TableConfig:
-    dim: int  # vector width per feature id
-    seed: int = 0  # seed of the deterministic initializer
-    init_std: float = 0.01  # std of initial vectors
-    optim: SparseOptimConfig = field(default_factory=SparseOptimConfig)  # the sparse optimizer
-    min_count: int = 1  # an id gets its own row after this many batches; before, its field's shared row
-    admission_bytes: int = 16 << 20  # memory of the admission sketch (min_count >= 2), bytes
-
-    def __post_init__(self) -> None:
-        if self.min_count < 1:
-            raise StoreError(f"TableConfig.min_count={self.min_count}: must be >= 1")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TableConfig:
-        data = dict(data)
-        data["optim"] = SparseOptimConfig(**data.get("optim", {}))
-        return cls(**data)
-
-    def holds_rows_of(self, other: TableConfig) -> bool:
-        """Whether rows written under `other` mean the same here: the width, the initializer, the
-        admission settings and the optimizer whose state the rows hold. Its rates and switches
-        (learning rates, L2, clipping, wide_per_event) may change between runs, as they do when a
-        job is resumed with new settings."""
-        return replace(self, optim=SparseOptimConfig(self.optim.name)) == replace(
-            other, optim=SparseOptimConfig(other.optim.name)
-        )
 
 
 @dataclass(frozen=True, eq=False)

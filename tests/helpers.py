@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from store.hierarchy import HierarchyConfig, TieredStore
+from store.configs import HierarchyConfig
+from store.hierarchy import TieredStore
 from store.ram import RamTier
 from store.rocks import RocksTier
 from stream.featurizer.decode import event_from_mapping

@@ -199,9 +199,8 @@ def test_a_knob_the_settings_and_a_component_both_declare_has_one_default():
     component built alone behaves as the trainer's default. This fails if either writes its own."""
     import dataclasses
 
-    from store.hierarchy import HierarchyConfig
+    from store.configs import HierarchyConfig, TableConfig
     from store.sparse_optim import SparseOptimConfig
-    from store.table import TableConfig
     from trainer.model import ModelConfig
     from trainer.settings import ModelSettings, OptimSettings, StoreSettings
 

@@ -50,9 +50,10 @@ def test_under_fake_negative_labels_fnw_expects_the_true_logloss_and_fnc_recover
 
 
 def _model(delayed: str):
+    from store.configs import TableConfig
     from store.ram import RamTier
     from store.sparse_optim import SparseOptimConfig
-    from store.table import EmbeddingTable, TableConfig
+    from store.table import EmbeddingTable
     from trainer.model import CtrModel, ModelConfig
 
     config = ModelConfig(

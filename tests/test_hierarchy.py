@@ -12,11 +12,12 @@ import pytest
 import torch
 
 import store.table as store_table
+from store.configs import HierarchyConfig, TableConfig
 from store.errors import StoreError
-from store.hierarchy import HierarchyConfig, TieredStore
+from store.hierarchy import TieredStore
 from store.ram import RamTier
 from store.sparse_optim import SparseOptimConfig
-from store.table import EmbeddingTable, TableConfig
+from store.table import EmbeddingTable
 from tests.helpers import tiny_hierarchy, zipf_batches
 from trainer.model import CtrModel, ModelConfig
 from trainer.step import train_step
@@ -279,7 +280,8 @@ import sys, numpy as np, torch
 sys.path.insert(0, {root!r})
 from tests.helpers import tiny_hierarchy, zipf_batches
 from store.sparse_optim import SparseOptimConfig
-from store.table import EmbeddingTable, TableConfig
+from store.table import EmbeddingTable
+from store.configs import TableConfig
 store = tiny_hierarchy({path!r}, width=12, device_rows=160, ram_rows=40)
 table = EmbeddingTable(store, TableConfig(dim=4, seed=2, optim=SparseOptimConfig("adam", lr=0.05)))
 rng = np.random.default_rng(1)

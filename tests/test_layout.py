@@ -79,7 +79,7 @@ def _stream_imports(files: list[Path]) -> set[str]:
     return names
 
 
-def _allowed(name: str, wings: set[str], modules: set[str] = frozenset()) -> bool:  # type: ignore[assignment]
+def _allowed(name: str, wings: set[str], modules: frozenset[str] | set[str] = frozenset()) -> bool:
     if name in GROUND or name in modules:
         return True
     return any(name == f"stream.{w}" or name.startswith(f"stream.{w}.") for w in wings)

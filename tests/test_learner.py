@@ -13,9 +13,10 @@ import torch
 
 from serving.loader import load_served_model
 from serving.predict import predict_events
+from store.configs import TableConfig
 from store.ram import RamTier
 from store.sparse_optim import SPARSE_OPTIMIZERS, SparseOptimConfig, cowclip, sparse_step
-from store.table import EmbeddingTable, TableConfig
+from store.table import EmbeddingTable
 from stream.featurizer.decode import decode_event
 from stream.featurizer.featurize import featurize
 from stream.produce.synthetic import SyntheticCriteo

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from store.configs import TableConfig
 from store.ram import RamTier
-from store.table import EmbeddingTable, TableConfig
+from store.table import EmbeddingTable
 from stream.featurizer.featurize import FIELD_SHIFT, missing_id
 from stream.schema import load_schema
 from trainer.batch import Batch

@@ -1,9 +1,10 @@
 import numpy as np
 import torch
 
+from store.configs import TableConfig
 from store.ram import RamTier
 from store.sparse_optim import SparseOptimConfig
-from store.table import EmbeddingTable, TableConfig
+from store.table import EmbeddingTable
 from tests.helpers import random_feature_batch
 from trainer.batch import Batch, batch_from_features
 from trainer.metrics import ProgressiveMetrics, auc_exact, logloss

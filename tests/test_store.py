@@ -4,13 +4,14 @@ import numpy as np
 import pytest
 import torch
 
+from store.configs import TableConfig
 from store.errors import StoreError
 from store.frozen import FrozenTier
 from store.init import initial_vectors, initial_vectors_numpy
 from store.ram import RamTier
 from store.rocks import RocksTier
 from store.sparse_optim import SparseOptimConfig
-from store.table import EmbeddingTable, TableConfig
+from store.table import EmbeddingTable
 from store.tier import Tier
 from tests.helpers import TIERS, WIDTH, ram_tier
 

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from store.configs import TableConfig
 from store.ram import RamTier
 from store.sparse_optim import SPARSE_OPTIMIZERS, SparseOptimConfig, sparse_step, wide_columns
-from store.table import EmbeddingTable, TableConfig
+from store.table import EmbeddingTable
 from stream.featurizer.decode import event_from_mapping
 from stream.featurizer.featurize import featurize
 from stream.produce.synthetic import SyntheticConfig, SyntheticCriteo

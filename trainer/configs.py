@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from store.hierarchy import HierarchyConfig, TieredStore
+from store.configs import HierarchyConfig, TableConfig
+from store.hierarchy import TieredStore
 from store.ram import RamTier
 from store.sparse_optim import SparseOptimConfig
-from store.table import TableConfig
 from store.tier import Tier
 from store.topology import Topology
 from stream.schema import Schema

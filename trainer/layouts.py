@@ -155,9 +155,6 @@ class Sharded(Local):
         return synchronous_step(r, batch, r.shards, r.node_group, rows_step)
 
 
-Layout = Local  # every layout is a Local with its own `learn`
-
-
 def layout_of(replica: Replica) -> Local:
     """The replica's layout from its settings (see the module docstring)."""
     if replica.sharded:

@@ -129,7 +129,8 @@ def _run(
         world, settings.group.merge_every_steps, settings.snapshot.every_steps, settings.log_every_steps,
         max_steps, max_events,
     )  # fmt: skip
-    clocks = _Clocks(time.monotonic())
+    now = time.monotonic()
+    clocks = _Clocks(last_merge=now, last_snapshot=now, last_publish=now, idle_since=now)
     out = _Outcome(start_events=state.events, resumed=resumed)
     bar = Progress(TextColumn("train"), TextColumn("{task.fields[info]}"), TimeElapsedColumn(), disable=not progress)
     batches = source.batches(settings.batch_size, idle_s=settings.idle_s)
@@ -187,12 +188,9 @@ class _Clocks:
     (monotonic seconds): what a round's control vector says is due."""
 
     last_merge: float
-    last_snapshot: float = 0.0
-    last_publish: float = 0.0
-    idle_since: float = 0.0
-
-    def __post_init__(self) -> None:
-        self.last_snapshot = self.last_publish = self.idle_since = self.last_merge
+    last_snapshot: float
+    last_publish: float
+    idle_since: float
 
     def round_vector(
         self,

@@ -16,10 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from common.checks import at_least, check_fields, default_of, one_of
-from store.hierarchy import HierarchyConfig
+from store.configs import HierarchyConfig, TableConfig
 from store.rocks import TABLE_FORMATS
 from store.sparse_optim import SPARSE_OPTIMIZERS, SparseOptimConfig
-from store.table import TableConfig
 from trainer.errors import TrainerError
 from trainer.model import DELAYED_FEEDBACK, FAMILIES, MODEL_KINDS, ModelConfig
 

@@ -42,8 +42,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from safetensors.torch import save_file as _save_file
 
+from store.configs import TableConfig
 from store.sparse_optim import join_rows, split_rows
-from store.table import EmbeddingTable, TableConfig
+from store.table import EmbeddingTable
 from trainer.errors import SnapshotError
 from trainer.model import CtrModel, ModelConfig
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from stream.errors import StreamError
 from stream.join.policy import Cursor, JoinRules
 from stream.join.state import PartitionState, PendingOutput
 from stream.kafka.settings import KafkaSettings
@@ -46,8 +47,6 @@ class Partition:
 def worker_partitions(consumer: Any, kafka: KafkaSettings, worker: int, workers: int) -> tuple[list[int], int, int]:
     """(this worker's input partitions, the inputs' partition count, the events topic's), from the
     broker's metadata: both inputs must exist and be co-partitioned."""
-    from stream.errors import StreamError
-
     topics = consumer.list_topics(timeout=30).topics
     counts = []
     for name in (kafka.impressions_topic, kafka.clicks_topic):

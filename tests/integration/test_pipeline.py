@@ -13,8 +13,9 @@ import pytest
 
 from adstream.demo import wait_for_model
 from common.checks import with_changes
+from store.configs import TableConfig
 from store.ram import RamTier
-from store.table import EmbeddingTable, TableConfig
+from store.table import EmbeddingTable
 from stream.featurizer.decode import event_from_mapping
 from stream.featurizer.featurize import featurize
 from stream.kafka.topics import ensure_topics
