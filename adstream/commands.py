@@ -177,7 +177,8 @@ def _status_serving(config: Config) -> None:
     info = response.json()
     newest = info.get("newest_event_ms") or 0
     age = f", newest event learned {time.time() - newest / 1000:,.0f} s ago" if newest else ""
-    print(f"serving: {url} version {info['model_version']} (step {info['step']}){age}")
+    champion = f", champion {info.get('champion', 'default')} ({info.get('family')})"
+    print(f"serving: {url} version {info['model_version']} (step {info['step']}{champion}){age}")
     log = info.get("log")
     if log:
         print(

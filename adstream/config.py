@@ -68,7 +68,7 @@ def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
         if isinstance(default, float):
             return float(value)
         if isinstance(default, tuple):
-            items = value.split(",") if isinstance(value, str) else list(value)
+            items = [x for x in value.split(",") if x.strip()] if isinstance(value, str) else list(value)  # "" = ()
             return tuple(type(default[0])(x) for x in items) if default else tuple(items)
         if isinstance(default, str):
             if not isinstance(value, (str, int, float)):

@@ -234,6 +234,8 @@ def run_demo(
         "window_auc": summary.window_auc,
         "ground_truth_auc": auc_exact(labels, truth),
         "model_version": served["model_version"],
+        "champion": summary.champion,  # the member of trainer.challengers that serves (README, "Challengers")
+        "members": summary.members,
         "predictions": [p["ctr"] for p in served["predictions"][:show]],
         "served_auc": auc_exact(fresh_labels, fresh_ctrs),  # the served model on HOLDOUT_EVENTS fresh events
         "served_ground_truth_auc": auc_exact(fresh_labels, fresh_truth),
@@ -249,6 +251,7 @@ def run_demo(
         f"progressive AUC {summary.progressive_auc:.4f} (last {config.trainer.metrics_window} events: "
         f"{summary.window_auc:.4f}; the generator's ground truth: {result['ground_truth_auc']:.4f})"
     )
+    print(f"served: the champion {summary.champion!r} of the members {summary.members}")
     print(
         f"the served model on {HOLDOUT_EVENTS:,} fresh events: AUC {result['served_auc']:.4f} "
         f"(the generator's ground truth: {result['served_ground_truth_auc']:.4f})"

@@ -4,7 +4,8 @@ Every model scores each batch before it learns it, in stream order, in process (
 measures the learner, not the pipeline). Datasets: the real Criteo rows in file order (reported
 whole and as first / second half), and the synthetic stream without and with drift (its
 generator knows each event's true click probability, so the truth's own AUC is the ceiling).
-Models: adstream with its defaults and each `trainer.model.kind` family, an online logistic
+Models: adstream with its defaults (the default model alone, and the champion of its challengers
+with each member and a blend of them: trainer/members.py) and each `trainer.model.kind` family, an online logistic
 regression (river, AdaGrad, one event at a time: one-hot categories + signed log1p integers +
 missing flags), and the plain PyTorch DeepFM of `bench pipeline`. Extra rows: the drifting
 stream's model frozen at 20% of the stream; batch 4096 with and without CowClip against the
@@ -35,6 +36,8 @@ from stream.records import FeatureBatch, RawRecord
 from stream.schema import Schema
 from trainer.batch import batch_from_features
 from trainer.configs import model_config
+from trainer.group import Control
+from trainer.members import Members
 from trainer.metrics import auc_exact, ece, logloss
 from trainer.model import MODEL_KINDS
 from trainer.settings import TrainerSettings
@@ -102,7 +105,72 @@ def synthetic_stream(schema: Schema, events: int, drift: float, seed: int = 7) -
 
 
 # --- learners: each takes a stream and batch size, returns predictions made before learning ---
-Learner = Callable[[FeatureBatch, int], np.ndarray]
+# (one array, or several named ones: the champion run's, each becoming its own row)
+Learner = Callable[[FeatureBatch, int], "np.ndarray | dict[str, Served]"]
+CHAMPION = "adstream-champion"
+BLEND = "adstream-blend (measured, not served)"
+MEMBER = "member: "
+
+
+@dataclass(frozen=True)
+class Served:
+    """A champion run's output for one row: predictions (n,) and, for the champion, which member
+    served from which event on."""
+
+    probs: np.ndarray
+    switches: list[tuple[int, str]]
+
+
+def champion_learner(schema: Schema, settings: TrainerSettings) -> Learner:
+    """The trainer's own members (trainer/members.py) on the stream, as the loop runs them: every
+    member scores then learns each batch; the champion's row holds, for each batch, the prediction
+    of the member that served it (chosen before the batch). Also each member's own row (those the
+    budget stopped: none) and a blend of the members' logits (an online logistic stacker,
+    `blend_probs`), measured for the choice between the two and not served."""
+
+    def learn(features: FeatureBatch, batch_size: int) -> dict[str, Served]:
+        torch.manual_seed(0)
+        members = Members(schema, replace(settings, batch_size=batch_size))
+        control, events = Control(1), 0
+        served: list[np.ndarray] = []
+        each: dict[str, list[np.ndarray]] = {name: [] for name in members.names}
+        switches = [(0, members.champion.name)]
+        for part in features.split(batch_size):
+            serving = members.champion.name
+            probs = members.learn_round(batch_from_features([part]))
+            served.append(probs[serving])  # type: ignore[arg-type]
+            for name, p in probs.items():
+                each[name].append(p)  # type: ignore[arg-type]
+            events += len(part)
+            if members.review(control, events, None):
+                switches.append((events, members.champion.name))
+        whole = {name: np.concatenate(p) for name, p in each.items() if sum(map(len, p)) == len(features)}
+        out = {CHAMPION: Served(np.concatenate(served), switches)}
+        out.update({MEMBER + name: Served(p, []) for name, p in whole.items()})
+        if len(whole) > 1:
+            out[BLEND] = Served(blend_probs(list(whole.values()), features.labels, batch_size), [])
+        return out
+
+    return learn
+
+
+def blend_probs(member_probs: list[np.ndarray], labels: np.ndarray, batch_size: int, lr: float = 0.05) -> np.ndarray:
+    """Progressive predictions (n,) of an online logistic stacker over the members' logits: each
+    batch scored by sigmoid(w . logits + b), then (w, b) take one AdaGrad step on its logloss. It
+    starts as the plain mean of the members' logits."""
+    logits = np.log(np.clip(np.stack(member_probs, axis=1), 1e-7, 1 - 1e-7))  # (n, M)
+    logits -= np.log(np.clip(1 - np.stack(member_probs, axis=1), 1e-7, 1))
+    w = np.concatenate([np.full(logits.shape[1], 1 / logits.shape[1]), [0.0]])  # weights, then the bias
+    squares = np.full_like(w, 1e-6)
+    out = np.empty(len(labels))
+    for at in range(0, len(labels), batch_size):
+        x = np.concatenate([logits[at : at + batch_size], np.ones((len(logits[at : at + batch_size]), 1))], axis=1)
+        p = 1 / (1 + np.exp(-(x @ w)))
+        out[at : at + len(x)] = p
+        grad = x.T @ (p - labels[at : at + len(x)]) / len(x)
+        squares += grad * grad
+        w -= lr * grad / np.sqrt(squares)
+    return out
 
 
 def adstream_learner(schema: Schema, settings: TrainerSettings, freeze_at: int | None = None) -> Learner:
@@ -150,6 +218,21 @@ def auc_by_tenth(labels: np.ndarray, probs: np.ndarray) -> list[float | None]:
         y = labels[piece]
         out.append(auc_exact(y, probs[piece]) if 0 < y.sum() < len(y) else None)
     return out
+
+
+def rows_of(
+    stream: Stream, model: str, batch_size: int, out: np.ndarray | dict[str, Served], seconds: float
+) -> list[dict[str, Any]]:
+    """The rows of one learner's run: one model's, or a champion run's (its champion, members, blend)."""
+    if isinstance(out, np.ndarray):
+        return rows_for(stream, model, batch_size, out, seconds)
+    rows = []
+    for name, served in out.items():
+        for row in rows_for(stream, name, batch_size, served.probs, seconds):
+            if served.switches:
+                row["switches"] = served.switches  # [(events before, member that served from there)]
+            rows.append(row)
+    return rows
 
 
 def rows_for(stream: Stream, model: str, batch_size: int, probs: np.ndarray, seconds: float) -> list[dict[str, Any]]:
@@ -220,6 +303,7 @@ def run_accuracy_bench(
     families = {f"adstream-{kind}": with_changes(settings, {"model.kind": kind}) for kind in MODEL_KINDS}
     jobs: list[tuple[Callable[[], Stream | None], list[tuple[str, int, Learner]]]] = []
     real_jobs = [("adstream", REAL_BATCH, adstream_learner(schema, settings))]
+    real_jobs += [(CHAMPION, REAL_BATCH, champion_learner(schema, settings))]
     real_jobs += [
         (name, REAL_BATCH, adstream_learner(schema, s))
         for name, s in families.items()
@@ -235,7 +319,10 @@ def run_accuracy_bench(
     refusal = generator_refusal(schema)
     if refusal is not None:
         result["synthetic"] = f"skipped: {refusal}"
-    synthetic_jobs = [("adstream", batch, adstream_learner(schema, settings))]
+    synthetic_jobs = [
+        ("adstream", batch, adstream_learner(schema, settings)),
+        (CHAMPION, batch, champion_learner(schema, settings)),
+    ]
     synthetic_jobs += [
         (name, batch, adstream_learner(schema, s))
         for name, s in families.items()
@@ -251,6 +338,7 @@ def run_accuracy_bench(
         jobs.append((lambda: synthetic_stream(schema, events, 0.0), synthetic_jobs))
     drift_jobs = [
         ("adstream", batch, adstream_learner(schema, settings)),
+        (CHAMPION, batch, champion_learner(schema, settings)),
         ("adstream-frozen-at-20%", batch, adstream_learner(schema, settings, freeze_at=events // 5)),
         ("river-lr", 1, river_learner()),
     ]
@@ -271,9 +359,9 @@ def run_accuracy_bench(
                 bar.update(task, description=f"{stream.name}: {name}")
                 started = time.perf_counter()
                 probs = learn(stream.features, batch_size)
-                result["runs"] += rows_for(stream, name, batch_size, probs, time.perf_counter() - started)
+                result["runs"] += rows_of(stream, name, batch_size, probs, time.perf_counter() - started)
                 bar.advance(task)
-    result["targets"] = check_targets(result["runs"])
+    result["targets"] = check_targets(result["runs"], settings.challengers_budget)
     return result
 
 
@@ -281,9 +369,61 @@ def _find(runs: list[dict[str, Any]], dataset: str, model: str) -> dict[str, Any
     return next((r for r in runs if r["dataset"] == dataset and r["model"] == model), None)
 
 
-def check_targets(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The issue's floors, each with the figures it compares."""
+def champion_targets(runs: list[dict[str, Any]], budget: float) -> dict[str, Any]:
+    """The champion's floors on every whole data set: within 0.002 of the best member (AUC and
+    logloss), no worse than online LR; its last window on the synthetic streams; its cost."""
     out: dict[str, Any] = {}
+    for name in sorted({r["dataset"] for r in runs if "/" not in r["dataset"]}):
+        champion, lr = _find(runs, name, CHAMPION), _find(runs, name, "river-lr")
+        members = [r for r in runs if r["dataset"] == name and r["model"].startswith(MEMBER)]
+        if champion is None:
+            continue
+        if members:
+            best_auc, best_loss = max(m["auc"] for m in members), min(m["logloss"] for m in members)
+            out[f"{name}: champion auc >= best member - 0.002"] = [
+                champion["auc"],
+                best_auc - 0.002,
+                champion["auc"] >= best_auc - 0.002,
+            ]
+            out[f"{name}: champion logloss <= best member + 0.002"] = [
+                champion["logloss"],
+                best_loss + 0.002,
+                champion["logloss"] <= best_loss + 0.002,
+            ]
+        if lr is not None:
+            out[f"{name}: champion auc >= online LR"] = [champion["auc"], lr["auc"], champion["auc"] >= lr["auc"]]
+            out[f"{name}: champion logloss <= online LR"] = [
+                champion["logloss"],
+                lr["logloss"],
+                champion["logloss"] <= lr["logloss"],
+            ]
+        single = _find(runs, name, "adstream")
+        if champion.get("window_gap_to_truth") is not None and single is not None:
+            if name == "synthetic":
+                out[f"{name}: champion's last-window gap to truth <= 0.01"] = [
+                    champion["window_gap_to_truth"],
+                    0.01,
+                    champion["window_gap_to_truth"] <= 0.01,
+                ]
+            else:
+                out[f"{name}: champion's last-window AUC >= the single default model's - 0.002"] = [
+                    champion["window_auc"],
+                    single["window_auc"] - 0.002,
+                    champion["window_auc"] >= single["window_auc"] - 0.002,
+                ]
+        if name == "synthetic" and single is not None:
+            share = 1 - champion["samples_per_s"] / single["samples_per_s"]
+            out[f"{name}: challengers' share of the time <= budget {budget} + 10%"] = [
+                share,
+                budget * 1.1,
+                share <= budget * 1.1,
+            ]
+    return out
+
+
+def check_targets(runs: list[dict[str, Any]], budget: float = 0.5) -> dict[str, Any]:
+    """The issue's floors, each with the figures it compares."""
+    out: dict[str, Any] = champion_targets(runs, budget)
     real = sorted({r["dataset"].split("/")[0] for r in runs if not r["dataset"].startswith("synthetic")})
     for part in [p for name in real for p in (name, f"{name}/second-half")]:
         ours, lr, deepfm = (_find(runs, part, m) for m in ("adstream", "river-lr", "pytorch-deepfm"))

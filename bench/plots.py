@@ -1,6 +1,7 @@
 """A picture beside each benchmark's JSON (`adstream bench X --json PATH` also writes PATH's .png).
 
-    accuracy: AUC over the stream (each tenth of it), one line per model and dataset
+    accuracy: AUC over the stream (each tenth of it), one line per model and dataset; below, which
+              member served the champion's row when
     serving:  latency CDF per load (1 and 64 events per request, ours and mlflow pyfunc),
               and the freshness histogram
     merge:    AUC over the stream for k = 1, 16, 64 and sync at 4 and 8 workers; window AUC against bytes
@@ -46,14 +47,30 @@ def _accuracy(plt: Any, result: dict[str, Any]) -> Any:
         r for r in result["runs"] if r.get("auc_by_tenth") and "ablation" not in r["model"] and "/" not in r["dataset"]
     ]
     datasets = sorted({r["dataset"] for r in runs})
-    figure, axes = plt.subplots(1, max(len(datasets), 1), figsize=(5.5 * max(len(datasets), 1), 4), squeeze=False)
-    for ax, dataset in zip(axes[0], datasets, strict=False):
+    columns = max(len(datasets), 1)
+    figure, axes = plt.subplots(2, columns, figsize=(5.5 * columns, 6.5), squeeze=False, height_ratios=(3, 1))
+    for ax, served_ax, dataset in zip(axes[0], axes[1], datasets, strict=False):
         for r in (r for r in runs if r["dataset"] == dataset):
             tenths = r["auc_by_tenth"]
             ax.plot([10 * (i + 1) for i in range(len(tenths))], tenths, marker=".", label=r["model"])
         ax.set(title=dataset, xlabel="% of the stream", ylabel="AUC of each tenth (scored before learning)")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6)
+        _served_when(served_ax, next((r for r in runs if r["dataset"] == dataset and r.get("switches")), None))
     return figure
+
+
+def _served_when(ax: Any, champion: dict[str, Any] | None) -> None:
+    """Which member served the champion's row, from which % of the stream on (bench accuracy's `switches`)."""
+    if champion is None:
+        ax.set_axis_off()
+        return
+    switches = champion["switches"]
+    names = list(dict.fromkeys(name for _, name in switches))
+    x = [100 * at / champion["events"] for at, _ in switches] + [100.0]
+    y = [names.index(name) for _, name in switches]
+    ax.step(x, [*y, y[-1]], where="post")
+    ax.set_yticks(range(len(names)), [n if len(n) < 28 else n[:25] + "..." for n in names], fontsize=6)
+    ax.set(xlabel="% of the stream", title="served by (the champion)", xlim=(0, 100))
 
 
 def _serving(plt: Any, result: dict[str, Any]) -> Any:

@@ -192,6 +192,8 @@ class ModelHolder:
             "metrics": {k: (v if math.isfinite(v) else None) for k, v in m.metrics.items()},
             "offsets": m.offsets,
             "kind": m.kind,
+            "family": m.model.get("kind"),  # the model family served (trainer.model.kind)
+            "champion": m.extra.get("champion", "default"),  # the trainer's member it comes from (trainer.challengers)
             "newest_event_ms": m.newest_event_ms,  # the newest event time the served model learned
             "base_step": m.base_step,  # the step of the base publication served
             "sequence": m.sequence,  # the last delta applied after that base (0: the base alone)

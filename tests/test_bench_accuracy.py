@@ -38,6 +38,18 @@ def test_bench_accuracy_reports_every_dataset_and_model():
     drift = {r["model"]: r for r in runs if r["dataset"] == "synthetic-drift2"}
     assert drift["adstream-frozen-at-20%"]["auc"] < drift["adstream"]["auc"]
     assert any(key.startswith("criteo-real/second-half") for key in result["targets"])
+    # the champion of the default challengers, beside each member; the default member is the lone
+    # default model exactly (the same batches, the same learner)
+    for dataset in ("criteo-real", "synthetic", "synthetic-drift2"):
+        rows = {r["model"]: r for r in runs if r["dataset"] == dataset}
+        assert rows["member: default"]["auc"] == rows["adstream"]["auc"]
+        assert rows["member: default"]["logloss"] == rows["adstream"]["logloss"]
+        champion = rows["adstream-champion"]
+        assert tuple(champion["switches"][0]) == (0, "default")
+        served = {name for _, name in champion["switches"]}
+        assert served <= {"default", *settings.challengers}  # (a member the budget stopped may have served before)
+        assert f"{dataset}: champion auc >= online LR" in result["targets"]
+        assert f"{dataset}: champion auc >= best member - 0.002" in result["targets"]
 
 
 def test_bench_accuracy_takes_any_log_its_schema_reads(tmp_path):
@@ -53,6 +65,7 @@ def test_bench_accuracy_takes_any_log_its_schema_reads(tmp_path):
     )
     datasets = {r["dataset"] for r in result["runs"]}
     assert datasets == {"avazu-log", "avazu-log/first-half", "avazu-log/second-half"}
-    assert {"adstream", "river-lr", "pytorch-deepfm"} <= {r["model"] for r in result["runs"]}
+    assert {"adstream", "adstream-champion", "river-lr", "pytorch-deepfm"} <= {r["model"] for r in result["runs"]}
+    assert "avazu-log: champion auc >= online LR" in result["targets"]
     assert result["synthetic"].startswith("skipped: the synthetic generator cannot drive schema 'avazu'")
     assert any(key.startswith("avazu-log/second-half") for key in result["targets"])

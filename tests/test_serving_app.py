@@ -80,6 +80,7 @@ def test_503_until_a_model_then_hot_swap(schema, snapshots):
         assert versions == {"1", "2"}
         info = client.get("/model").json()
         assert info["model_version"] == "2" and info["step"] == 4 and info["schema_hash"] == schema.hash
+        assert info["family"] == snapshots[1].manifest.model["kind"] and info["champion"] == "default"
         metrics = client.get("/metrics").text
         assert "adstream_serving_model_swaps_total" in metrics
         ece = snapshots[1].manifest.metrics["progressive_ece"]

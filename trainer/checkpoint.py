@@ -4,10 +4,10 @@ formats; trainer/publish.py the MLflow side).
     save / restore       a recovery snapshot: the whole trainer state, kept on the trainer's disk
     publish_to           a base publication for serving: dense weights + every row's vector
     publish_delta_to     a delta: the dense weights + the rows changed since the last publication
-    snapshot_round       as a group: every replica's offsets gathered -> rank 0 (with sharded rows,
-                         its node) writes the recovery snapshot and the base publication, the
-                         Publisher uploads and registers it; every replica then commits its
-                         offsets, once the snapshot is durable
+    base_round           as a group: rank 0 (with sharded rows, its node) writes the recovery
+                         snapshot and, for the member that serves, the base publication, which the
+                         Publisher uploads and registers (trainer/members.py gathers the offsets
+                         first and commits them once every member's snapshot is durable)
     delta_round          as a group: the next delta of the current base, sent by rank 0
 
 The rounds are collectives (every replica calls them at the same round; trainer/schedule.py says
@@ -49,7 +49,6 @@ from trainer.snapshot import (
 if TYPE_CHECKING:
     from trainer.group import Control
     from trainer.publish import Publisher
-    from trainer.source import BatchSource
 
 log = logging.getLogger("adstream.trainer")
 
@@ -170,52 +169,59 @@ class Checkpointer:
         return snapshot.manifest
 
     # --- the group's rounds -----------------------------------------------------------------
-    def snapshot_round(
-        self, control: Control, publisher: Publisher | None, source: BatchSource, events: int
+    def base_round(
+        self,
+        control: Control,
+        events: int,
+        offsets: dict[int, int],
+        extra: dict[str, object],
+        publish: bool,
+        publisher: Publisher | None,
     ) -> tuple[Path | None, str | None]:
-        """Rank 0 writes the recovery snapshot (kept on disk) and the serving publication (vectors
-        only, uploaded and registered). With sharded rows every rank of rank 0's node writes its own
-        rows' file of both. Every replica then commits its offsets. Returns (recovery snapshot path,
-        registry version) on rank 0."""
+        """As a group (a collective): rank 0 writes this replica's recovery snapshot of the group's
+        `offsets` and, when it `publish`es (the member that serves), the serving publication
+        (vectors only), which rank 0's `publisher` uploads and registers. With sharded rows every
+        rank of rank 0's node writes its own rows' file of both. The caller commits the offsets
+        once every member's snapshot is durable (trainer/members.py). Returns (recovery snapshot
+        path, registry version) on rank 0."""
         r, snapshot = self.replica, self.replica.settings.snapshot
-        offsets: dict[int, int] = {}
-        for part in control.gather(r.offsets):  # replicas read disjoint partitions
-            offsets.update(part)
         r.agree_before_base(control)
         counted = merged_metrics(r.metrics)  # every replica's counts: what the resumed job reports on from
         path = version = None
         if self.writes:
-            extra: dict[str, object] = {
-                "workers": control.world,
-                "merge_every_steps": r.settings.group.merge_every_steps,
-            }
-            if publisher is not None:
-                extra["mlflow_run_id"] = publisher.run_id
+            extra = {"workers": control.world, "merge_every_steps": r.settings.group.merge_every_steps, **extra}
             manifest = self.manifest(offsets, extra, events, counted.summary())  # one manifest for both artifacts
             path = self.save(snapshot.dir, manifest=manifest, metrics=counted)  # sharded: the node's collective
-            publication = self.publish_to(Path(snapshot.dir) / PUBLICATIONS, manifest)
-            if publisher is not None and path is not None and publication is not None:
-                version = publisher.publish(publication, r.step, recovery_bytes=folder_bytes(path))
-                shutil.rmtree(publication, ignore_errors=True)  # uploaded; the recovery snapshot stays
+            if publish:  # sharded: the node's collective, publisher or not
+                publication = self.publish_to(Path(snapshot.dir) / PUBLICATIONS, manifest)
+                if publisher is not None and path is not None and publication is not None:
+                    champion = str(extra.get("champion", ""))
+                    version = publisher.publish(publication, r.step, folder_bytes(path), champion)
+                    shutil.rmtree(publication, ignore_errors=True)  # uploaded; the recovery snapshot stays
         else:
             r.table.expire_cold()  # as save does on the writers: every replica drops its TTL-expired rows
-        control.barrier()  # the snapshot is durable before any replica commits its offsets
-        source.commit(offsets)
-        if path is not None:  # rank 0: the older recovery snapshots are no longer needed
-            prune_snapshots(snapshot.dir, snapshot.keep)
         return path, version
 
-    def delta_round(self, control: Control, publisher: Publisher | None, events: int) -> None:
+    def prune(self) -> None:
+        """Rank 0, once a newer snapshot is durable: the older recovery snapshots past snapshot.keep go."""
+        snapshot = self.replica.settings.snapshot
+        if self.replica.rank == 0:
+            prune_snapshots(snapshot.dir, snapshot.keep)
+
+    def delta_round(
+        self, control: Control, publisher: Publisher | None, events: int, extra: dict[str, object] | None = None
+    ) -> None:
         """Rank 0 sends serving the rows changed since the last publication and the dense weights,
-        as the next delta of the current base. A failed write or upload is logged, not fatal: the
-        next publication is then a base."""
+        as the next delta of the current base (a member that does not serve passes no publisher: its
+        changes are only forgotten, its base comes whole if it ever serves). A failed write or
+        upload is logged, not fatal: the next publication is then a base. A collective."""
         r, folder_root = self.replica, Path(self.replica.settings.snapshot.dir) / DELTAS
         changes = r.changes_since_publication(control)  # with sharded rows: every rank's, on rank 0
         group_metrics = merged_metrics(r.metrics).summary()  # a collective: the group's figures, as a base has them
         if publisher is None or publisher.base_path is None or changes is None:
             return
         table, changed = changes
-        extra = {"mlflow_run_id": publisher.run_id, "workers": control.world}
+        extra = {"mlflow_run_id": publisher.run_id, "workers": control.world, **(extra or {})}
         manifest = replace(
             self.manifest(extra=extra, events=events, metrics=group_metrics),
             base_step=publisher.base_step,

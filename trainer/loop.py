@@ -31,13 +31,14 @@ from common.checks import flat_fields
 from stream.kafka.prometheus import serve_metrics
 from stream.kafka.settings import KafkaSettings
 from stream.schema import Schema
+from trainer.champion import challenger_settings
 from trainer.configs import store_path
 from trainer.group import Control, in_group, local_gpu
-from trainer.metrics import ProgressiveMetrics, merged_summary
-from trainer.schedule import LoopState, Round, Schedule, decide
+from trainer.members import Members
+from trainer.metrics import merged_summary
+from trainer.schedule import Round, Schedule, decide
 from trainer.settings import MlflowSettings, TrainerSettings
-from trainer.snapshot import check_writable, latest_snapshot
-from trainer.trainer import Trainer
+from trainer.snapshot import check_writable
 
 if TYPE_CHECKING:
     from trainer.batch import Batch
@@ -71,6 +72,10 @@ class TrainSummary:
     merges: int = 0
     merge_bytes: int = 0  # payload all replicas sent to merge (or to sync, when merge_every_steps = 0)
     resumed_from: str | None = None
+    champion: str = "default"  # the member served at the end (trainer.challengers)
+    # the recovery snapshot of the member whose publication is served (snapshot_path when that is the default)
+    served_snapshot_path: str | None = None
+    members: list[str] = field(default_factory=list)  # the members still learning at the end (the budget's)
 
 
 # which labels the progressive metrics score, as a run parameter in MLflow
@@ -121,8 +126,9 @@ def _run(
 
     _prepare_process(settings, rank)
     control = Control(world)
-    trainer = Trainer(schema, settings)
-    resumed, state, run_id = _resume(trainer, settings, rank)
+    members = Members(schema, settings)  # the trainer's own configuration and its challengers
+    trainer = members.main
+    resumed, state, run_id = members.resume(rank)
     source = BatchSource(kafka, settings.group_id, schema.hash, rank, world, start_offsets=trainer.offsets)
     learn_log = LearnLog(settings.learn_log, rank)
     schedule = Schedule(
@@ -134,8 +140,8 @@ def _run(
     out = _Outcome(start_events=state.events, resumed=resumed)
     bar = Progress(TextColumn("train"), TextColumn("{task.fields[info]}"), TimeElapsedColumn(), disable=not progress)
     batches = source.batches(settings.batch_size, idle_s=settings.idle_s)
-    if trainer.prefetches:
-        batches = one_ahead(batches, trainer)
+    if members.prefetches:
+        batches = one_ahead(batches, members)
     # the MLflow run opens last, right before the loop that ends it (FINISHED, KILLED or FAILED)
     publisher = _open_run(schema, settings, mlflow, world, max_events, run_id) if rank == 0 else None
     try:
@@ -143,29 +149,32 @@ def _run(
             task = bar.add_task("train", info="waiting for batches")
             while True:
                 batch = next(batches)
-                mine = clocks.round_vector(batch, trainer, settings, publisher, idle_exit_s, rank == 0)
+                mine = clocks.round_vector(batch, members, settings, publisher, idle_exit_s, rank == 0)
                 state, act = decide(state, Round.from_sum(control.sum(mine)), schedule)
                 if act.learn:
-                    out.batches_built += _learn(trainer, batch, learn_log)
+                    out.batches_built += _learn(members, batch, learn_log)
                 if act.merge:
-                    _merge(trainer)
+                    _merge(members)
                 if act.sync:
                     clocks.last_merge = time.monotonic()
                 if act.snapshot:
-                    out.snapshot_path, out.version = trainer.checkpoints.snapshot_round(
-                        control, publisher, source, state.events
-                    )
+                    out.snapshot_path, out.version = members.snapshot_round(control, publisher, source, state.events)
                     clocks.last_snapshot = clocks.last_publish = time.monotonic()
                 if act.publish:
-                    trainer.checkpoints.delta_round(control, publisher, state.events)
+                    members.delta_round(control, publisher, state.events)
                     clocks.last_publish = time.monotonic()
                 if act.report:
-                    out.merged = _report(trainer, control, publisher)
-                    info = f"step {trainer.step} events {state.events} auc {out.merged['progressive_auc']:.4f}"
+                    if members.review(control, state.events, publisher):  # a new champion: its base goes out next
+                        clocks.last_snapshot = float("-inf")
+                        if publisher is not None:
+                            publisher.forget_base()  # no delta of the old champion's base from the new one
+                    out.merged = _report(members, control, publisher)
+                    auc = out.merged["progressive_auc"]
+                    info = f"step {trainer.step} events {state.events} auc {auc:.4f} serving {members.champion.slug}"
                     bar.update(task, info=info)
                 if act.stop:
                     break
-        out.merged = _report(trainer, control, publisher)
+        out.merged = _report(members, control, publisher)
         if publisher is not None:
             publisher.finish()
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli: cmd_train): stopped by its operator
@@ -179,7 +188,7 @@ def _run(
     finally:
         source.close()
         learn_log.close()
-    return out.summary(trainer, control, state.events)
+    return out.summary(members, control, state.events)
 
 
 @dataclass
@@ -195,7 +204,7 @@ class _Clocks:
     def round_vector(
         self,
         batch: Batch | None,
-        trainer: Trainer,
+        members: Members,
         settings: TrainerSettings,
         publisher: Publisher | None,
         idle_exit_s: float | None,
@@ -207,7 +216,7 @@ class _Clocks:
         if batch is not None:
             self.idle_since = now
         else:
-            trainer.idle()
+            members.idle()
         publish_due = leader and 0 < settings.snapshot.publish_every_s <= now - self.last_publish
         no_base = publisher is not None and publisher.base_path is None  # a delta needs a base first
         return Round.vector(
@@ -230,7 +239,8 @@ class _Outcome:
     snapshot_path: Path | None = None
     merged: dict[str, float] = field(default_factory=dict)
 
-    def summary(self, trainer: Trainer, control: Control, events: int) -> TrainSummary:
+    def summary(self, members: Members, control: Control, events: int) -> TrainSummary:
+        trainer = members.main
         learning = trainer.train_seconds + trainer.merge_seconds  # not start-up, waiting or an idle exit
         window = trainer.metrics.summary()
         return TrainSummary(
@@ -248,6 +258,9 @@ class _Outcome:
             merges=trainer.merges,
             merge_bytes=int(sum(control.gather(trainer.bytes_sent))),
             resumed_from=str(self.resumed) if self.resumed else None,
+            champion=members.champion.name,
+            served_snapshot_path=str(members.served_snapshot) if members.served_snapshot else None,
+            members=[m.name for m in members.members],
         )
 
 
@@ -272,9 +285,9 @@ def _open_run(
     return Publisher(mlflow, params=params, run_id=run_id)
 
 
-def one_ahead(batches: Iterator[Batch | None], trainer: Trainer) -> Iterator[Batch | None]:
+def one_ahead(batches: Iterator[Batch | None], trainer: Members) -> Iterator[Batch | None]:
     """The source's batches, each handed out once the next one is in hand and announced
-    (Trainer.prefetch), so its cold rows are read from RocksDB while this one trains. Costs one
+    (Members.prefetch), so its cold rows are read from RocksDB while this one trains. Costs one
     batch of latency; recovery is unaffected (snapshots hold the offsets of what was learned, not
     of what was read)."""
     end = object()
@@ -287,12 +300,12 @@ def one_ahead(batches: Iterator[Batch | None], trainer: Trainer) -> Iterator[Bat
         current = upcoming
 
 
-def _learn(trainer: Trainer, batch: Batch | None, learn_log: LearnLog) -> int:
-    """This replica's part of a learning round; returns the stream batches it learned."""
-    trainer.learn_round(batch)
+def _learn(members: Members, batch: Batch | None, learn_log: LearnLog) -> int:
+    """This replica's part of a learning round (every member's); returns the stream batches it learned."""
+    members.learn_round(batch)
     if batch is None:
         return 0
-    learn_log.write(batch, trainer.step)
+    learn_log.write(batch, members.main.step)
     return batch.parts
 
 
@@ -305,20 +318,9 @@ def _prepare_process(settings: TrainerSettings, rank: int) -> None:
     if settings.device.startswith("cuda"):
         _pin_to_gpu_numa_node(settings.device)
     if settings.store.kind == "tiered":
-        shutil.rmtree(store_path(settings, rank), ignore_errors=True)
-
-
-def _resume(trainer: Trainer, settings: TrainerSettings, rank: int) -> tuple[Path | None, LoopState, str | None]:
-    """Restore the newest complete snapshot, if any: (its path, the loop's counters, its MLflow run)."""
-    resumed = latest_snapshot(settings.snapshot.dir)
-    if resumed is None:
-        return None, LoopState(), None
-    manifest = trainer.checkpoints.restore(resumed)
-    if rank != 0:  # rank 0 carries the job's counts (events, the metrics' sums): the others add from zero
-        trainer.events = 0
-        trainer.metrics = ProgressiveMetrics(window=settings.metrics_window)
-    log.warning("replica %d resumes from %s (step %d)", rank, resumed, trainer.step)
-    return resumed, LoopState(events=manifest.events), str(manifest.extra.get("mlflow_run_id") or "") or None
+        every = [settings, *(challenger_settings(settings, text, i) for i, text in enumerate(settings.challengers))]
+        for member in every:
+            shutil.rmtree(store_path(member, rank), ignore_errors=True)
 
 
 def _pin_to_gpu_numa_node(device: str) -> None:
@@ -332,14 +334,18 @@ def _pin_to_gpu_numa_node(device: str) -> None:
         log.info("GPU%d: pinned to NUMA node %d, CPUs %s", gpu, placement.numa, pin_to(placement))
 
 
-def _merge(trainer: Trainer) -> None:
-    stats = trainer.merge()
+def _merge(members: Members) -> None:
+    trainer = members.main
+    stats = members.merge()
     if stats.rows or stats.dense_bytes:
         log.info("merge at step %d: %d rows, %d bytes, %.3fs", trainer.step, stats.rows, stats.bytes, stats.seconds)
 
 
-def _report(trainer: Trainer, control: Control, publisher: Publisher | None) -> dict[str, float]:
-    """Metrics to Prometheus (every replica) and MLflow (rank 0). Returns the merged summary."""
+def _report(members: Members, control: Control, publisher: Publisher | None) -> dict[str, float]:
+    """Metrics to Prometheus (every replica) and MLflow (rank 0), every member's too. Returns the
+    merged summary of the default member."""
+    trainer = members.main
+    of_members = members.metrics(control) if len(members.names) > 1 else {}
     merged = merged_summary(trainer.metrics)
     mine = {
         **trainer.metrics.summary(),
@@ -356,7 +362,7 @@ def _report(trainer: Trainer, control: Control, publisher: Publisher | None) -> 
     for key, value in store_stats.items():
         STORE.labels(key).set(value)
     if publisher is not None:
-        metrics = {**mine, **merged, **store_stats, "merges": float(trainer.merges)}
+        metrics = {**mine, **merged, **store_stats, **of_members, "merges": float(trainer.merges)}
         metrics["merge_bytes"] = sum(m["merge_bytes"] for m in everyone)
         if control.world > 1:
             metrics.update({f"rank{r}_{key}": value for r, m in enumerate(everyone) for key, value in m.items()})

@@ -23,6 +23,7 @@ from trainer.settings import MlflowSettings
 from trainer.snapshot import DELTA_TAG, MANIFEST, PUBLICATIONS, delta_path, folder_bytes, snapshot_name
 
 log = logging.getLogger("adstream.trainer")
+CHAMPION_TAG = "champion"  # a version's tag (and the run's): the member of trainer.challengers it comes from
 
 
 class Publisher:
@@ -83,9 +84,10 @@ class Publisher:
         if clean:
             self.client.log_batch(self.run_id, metrics=clean)
 
-    def publish(self, folder: Path, step: int, recovery_bytes: int = 0) -> str:
-        """Upload a serving publication, register it as a version, point the alias at it; log its
-        bytes (and, for comparison, the recovery snapshot's). Returns the version."""
+    def publish(self, folder: Path, step: int, recovery_bytes: int = 0, champion: str = "") -> str:
+        """Upload a serving publication, register it as a version (tagged with the member it comes
+        from, `champion`: trainer/members.py), point the alias at it; log its bytes (and, for
+        comparison, the recovery snapshot's). Returns the version."""
         artifact_path = f"{PUBLICATIONS}/{snapshot_name(step)}"
         self.client.log_artifacts(self.run_id, str(folder), artifact_path)
         published = folder_bytes(folder)
@@ -94,7 +96,8 @@ class Publisher:
         if not self._model_exists(name):
             self.client.create_registered_model(name)
         source = f"{self.run.info.artifact_uri}/{artifact_path}"
-        version = self.client.create_model_version(name, source=source, run_id=self.run_id, tags={DELTA_TAG: "0"})
+        tags = {DELTA_TAG: "0", **({CHAMPION_TAG: champion} if champion else {})}
+        version = self.client.create_model_version(name, source=source, run_id=self.run_id, tags=tags)
         self.client.set_registered_model_alias(name, self.settings.alias, version.version)
         self.base_path, self.base_step, self.sequence = artifact_path, step, 0
         self.version = str(version.version)
@@ -130,6 +133,9 @@ class Publisher:
             return True
         except MlflowException:
             return False
+
+    def set_tag(self, key: str, value: str) -> None:
+        self.client.set_tag(self.run_id, key, value)
 
     def finish(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.run_id, status=status)

@@ -69,8 +69,11 @@ class Replica:
     """One replica's state and its local step (see the module docstring); `Trainer` adds its layout
     and checkpointer (trainer/trainer.py)."""
 
-    def __init__(self, schema: Schema, settings: TrainerSettings) -> None:
+    def __init__(self, schema: Schema, settings: TrainerSettings, counted: bool = True) -> None:
+        """`counted`: whether its steps, events and merges go to the process's Prometheus counters
+        (a challenger's do not: trainer/members.py reports it by name)."""
         check_gpu(settings.device)
+        self.counted = counted
         if settings.threads:
             torch.set_num_threads(settings.threads)
         self.schema = schema
@@ -139,8 +142,9 @@ class Replica:
         self.events += len(batch)
         self.offsets.update(batch.source_offsets)
         self.newest_event_ms = max(self.newest_event_ms, batch.newest_ms)
-        STEPS.inc()
-        SAMPLES.inc(len(batch))
+        if self.counted:
+            STEPS.inc()
+            SAMPLES.inc(len(batch))
         self.train_seconds += time.perf_counter() - started
 
     def idle(self) -> None:
@@ -194,10 +198,12 @@ class Replica:
         """Add what a merge (or a synchronous step's exchange) sent and took to the counters."""
         self.merge_seconds += stats.seconds
         self.bytes_sent += stats.bytes
-        MERGE_BYTES.inc(stats.bytes)
+        if self.counted:
+            MERGE_BYTES.inc(stats.bytes)
         if merge:
             self.merges += 1
-            MERGES.inc()
+            if self.counted:
+                MERGES.inc()
 
     def agree_on_newest(self, control: Control) -> None:
         """The group's freshest event time, on every replica (what a publication says it has seen)."""

@@ -21,8 +21,8 @@ from trainer.settings import TrainerSettings
 
 
 class Trainer(Replica):
-    def __init__(self, schema: Schema, settings: TrainerSettings) -> None:
-        super().__init__(schema, settings)
+    def __init__(self, schema: Schema, settings: TrainerSettings, counted: bool = True) -> None:
+        super().__init__(schema, settings, counted)
         self.layout = layout_of(self)  # how this replica learns in its group
         self.checkpoints = Checkpointer(self)  # its snapshot files and publication rounds
 

@@ -21,6 +21,7 @@ def test_the_demo_gives_the_same_honest_answer_twice(isolated, tmp_path):
     for run in (first, second):
         assert run["events_replayed"] == 60_000 and len(run["predictions"]) == 3
         assert run["progressive_auc"] > 0.6  # a learner that resumed and stopped at once sat at 0.48
+        assert run["members"][0] == "default" and run["champion"] in (*run["members"], *isolated.trainer.challengers)
     assert first["ground_truth_auc"] == second["ground_truth_auc"]  # the same world
     assert first["events_topic"] != second["events_topic"]  # ... replayed into a scope of its own
     # the answer compared is the served model's AUC on the same fresh events (measured over 11 runs:

@@ -61,6 +61,7 @@ def serve_and_compare(config, tmp_path, summary, events):
         url = f"http://127.0.0.1:{port}"
         info = wait_for_model(url, server, 120, log)
         assert info["model_version"] == summary.model_version and info["schema_hash"] == schema.hash
+        assert info["champion"] == summary.champion  # the member of trainer.challengers published last
         body = [{k: v for k, v in e.items() if k != schema.label} for e in events]
         response = httpx.post(f"{url}/predict", json=body, timeout=30)
         assert response.status_code == 200, response.text
@@ -70,11 +71,10 @@ def serve_and_compare(config, tmp_path, summary, events):
         assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", field]
     finally:
         stop_process(server)
-    manifest = read_manifest(summary.snapshot_path)
+    served_path = summary.served_snapshot_path  # the champion's (trainer.challengers): what was published
+    manifest = read_manifest(served_path)
     table_config = TableConfig.from_dict(manifest.table)
-    snapshot = load_snapshot(
-        summary.snapshot_path, EmbeddingTable(RamTier(3 * table_config.dim, 1 << 30), table_config)
-    )
+    snapshot = load_snapshot(served_path, EmbeddingTable(RamTier(3 * table_config.dim, 1 << 30), table_config))
     batch = batch_from_features([featurize([event_from_mapping(e, schema) for e in events], schema)])
     own = predict(snapshot.model, snapshot.table, batch)
     np.testing.assert_allclose(served, own, atol=1e-5, rtol=0)
