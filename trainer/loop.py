@@ -67,7 +67,7 @@ class TrainSummary:
     window_logloss: float
     model_version: str | None
     snapshot_path: str | None
-    samples_per_s: float  # this run's events over the time spent learning and merging (as MLflow's figure)
+    samples_per_s: float  # this run's events over the time every member spent learning and merging (as MLflow's)
     workers: int = 1
     merges: int = 0
     merge_bytes: int = 0  # payload all replicas sent to merge (or to sync, when merge_every_steps = 0)
@@ -241,7 +241,8 @@ class _Outcome:
 
     def summary(self, members: Members, control: Control, events: int) -> TrainSummary:
         trainer = members.main
-        learning = trainer.train_seconds + trainer.merge_seconds  # not start-up, waiting or an idle exit
+        # every member's learning and merging (trainer.challengers): not start-up, waiting or an idle exit
+        learning = members.learn_seconds + members.merge_seconds
         window = trainer.metrics.summary()
         return TrainSummary(
             steps=trainer.step,
@@ -349,7 +350,7 @@ def _report(members: Members, control: Control, publisher: Publisher | None) -> 
     merged = merged_summary(trainer.metrics)
     mine = {
         **trainer.metrics.summary(),
-        "samples_per_s": trainer.events / trainer.train_seconds if trainer.train_seconds else 0.0,
+        "samples_per_s": trainer.events / members.learn_seconds if members.learn_seconds else 0.0,  # every member's
         "merge_bytes": float(trainer.bytes_sent),
         "merge_seconds": trainer.merge_seconds,
     }

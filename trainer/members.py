@@ -75,6 +75,8 @@ class Members:
         self.budget_checked = len(self.members) == 1
         self.share = 0.0  # the challengers' measured share of a step (0 until the budget is checked)
         self.switches = 0
+        self.learn_seconds = 0.0  # every member's learning, what the job's samples/s divides by
+        self.merge_seconds = 0.0  # every member's merges
         self.served_snapshot: Path | None = None  # the champion's recovery snapshot at the last snapshot round
 
     @property
@@ -93,7 +95,9 @@ class Members:
         for m in self.members:
             started = time.perf_counter()
             probs[m.name] = m.trainer.learn_round(batch)
-            m.seconds += time.perf_counter() - started
+            spent = time.perf_counter() - started
+            m.seconds += spent
+            self.learn_seconds += spent
         if self.main.step == BUDGET_FROM_STEP and batch is not None:
             for m in self.members:
                 m.seconds = 0.0
@@ -101,7 +105,9 @@ class Members:
 
     def merge(self) -> MergeStats:
         """Every member's k-step merge (collectives); the default member's figures."""
+        started = time.perf_counter()
         stats = [m.trainer.merge() for m in self.members]
+        self.merge_seconds += time.perf_counter() - started
         return stats[0]
 
     def idle(self) -> None:
