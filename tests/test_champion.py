@@ -16,11 +16,11 @@ from adstream.config import load_config
 from bench.accuracy import synthetic_stream
 from stream.schema import load_schema
 from trainer.batch import batch_from_features
-from trainer.champion import challenger_changes, challenger_settings, choose_champion, within_budget
+from trainer.champion import challenger_settings, choose_champion, within_budget
 from trainer.errors import TrainerError
 from trainer.group import Control
 from trainer.members import BUDGET_FROM_STEP, Members
-from trainer.settings import ModelSettings, SnapshotSettings, StoreSettings, TrainerSettings
+from trainer.settings import ModelSettings, SnapshotSettings, StoreSettings, TrainerSettings, challenger_changes
 from trainer.trainer import Trainer
 
 LR = "model.kind=lr"

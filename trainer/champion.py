@@ -2,9 +2,10 @@
 
 A trainer learns its own configuration (member 0, "default") and, beside it, each challenger of
 trainer.challengers: the same batches, each member scoring every batch before it learns it
-(progressive validation). trainer/members.py runs them; this module decides:
+(progressive validation). trainer/members.py runs them; an entry's changes ("model.kind=lr
+optim.sparse_optimizer=adagrad") are read and checked where the settings are built
+(trainer/settings.py, challenger_changes); this module decides:
 
-    challenger_changes   an entry like "model.kind=lr optim.sparse_optimizer=adagrad" -> the changes
     challenger_settings  a challenger's whole settings (its own store path and snapshot folder)
     within_budget        which challengers keep learning, cheapest first, by their measured cost
     choose_champion      the member to serve, from every member's logloss and AUC over the window
@@ -18,66 +19,15 @@ the blend beside the champion: README, "Challengers").
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
 
 from common.checks import with_changes
-from trainer.errors import TrainerError
-
-if TYPE_CHECKING:
-    from trainer.settings import TrainerSettings
+from trainer.settings import TrainerSettings, challenger_changes
 
 DEFAULT_MEMBER = "default"  # member 0: the trainer's own configuration
 AUC_SLACK = 0.002  # a challenger whose window AUC is lower than the champion's by more does not take over
-CHANGEABLE = ("model", "optim")  # the sections a challenger may change (the rest is the job's)
-FIXED = ("optim.delayed_feedback",)  # ...but not how the labels are learned: the join policy decides it
-
-
-def challenger_changes(settings: TrainerSettings, text: str, index: int) -> dict[str, Any]:
-    """ "model.kind=lr optim.sparse_optimizer=adagrad" -> {"model.kind": "lr", ...}, each value of
-    the type the setting has; a bad entry names trainer.challengers[index] and the fix."""
-    where = f"config trainer.challengers[{index}]={text!r}"
-    changes: dict[str, Any] = {}
-    for item in text.split():
-        key, sep, value = item.partition("=")
-        section, dot, name = key.partition(".")
-        if not sep or not dot or section not in CHANGEABLE or key in FIXED:
-            raise TrainerError(
-                f"{where}: {item!r} is not a change of trainer.model.* or trainer.optim.* (delayed_feedback "
-                "excepted); write space-separated key=value pairs, e.g. 'model.kind=lr optim.sparse_optimizer=adagrad'"
-            )
-        current = getattr(settings, section)
-        names = [f.name for f in dataclasses.fields(current)]
-        if name not in names:
-            raise TrainerError(f"{where}: trainer.{section} has no key {name!r}; its keys: {sorted(names)}")
-        changes[key] = _typed(getattr(current, name), value, f"{where}: {key}")
-    if not changes:
-        raise TrainerError(f"{where}: no changes; write e.g. 'model.kind=lr', or remove the entry")
-    try:
-        with_changes(settings, {**changes, "challengers": ()})  # each section checks its own values
-    except TrainerError as err:
-        raise TrainerError(f"{where}: {err}") from None
-    return changes
-
-
-def _typed(current: object, value: str, where: str) -> object:
-    try:
-        if isinstance(current, bool):
-            if value.lower() not in ("true", "false"):
-                raise ValueError(value)
-            return value.lower() == "true"
-        if isinstance(current, int):
-            return int(value)
-        if isinstance(current, float):
-            return float(value)
-        if isinstance(current, tuple):
-            return tuple(int(x) for x in value.split(",") if x)
-    except ValueError:
-        raise TrainerError(f"{where}={value!r}: expected {type(current).__name__} like {current!r}") from None
-    return value
 
 
 def member_slug(text: str) -> str:

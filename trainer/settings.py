@@ -13,9 +13,11 @@ there, bad values here (each dataclass checks its own fields when it is built).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
-from common.checks import at_least, check_fields, default_of, one_of
+from common.checks import at_least, check_fields, default_of, one_of, with_changes
 from store.configs import HierarchyConfig, TableConfig
 from store.rocks import TABLE_FORMATS
 from store.sparse_optim import SPARSE_OPTIMIZERS, SparseOptimConfig
@@ -240,8 +242,6 @@ class TrainerSettings:
                 f"config trainer.challengers_budget={self.challengers_budget}: the challengers' share of a "
                 "step must be below 1 (0.5: they may take half of it); 0 turns them off"
             )
-        from trainer.champion import challenger_changes  # checks each entry's keys and values
-
         for index, text in enumerate(self.challengers):
             challenger_changes(self, text, index)
         if self.shard_within_node and self.store.min_count != 1:
@@ -249,6 +249,55 @@ class TrainerSettings:
                 "config trainer.shard_within_node = true counts no sightings at the row's owner yet: set "
                 f"trainer.store.min_count = 1 (it is {self.store.min_count}), or shard_within_node = false"
             )
+
+
+CHANGEABLE = ("model", "optim")  # the sections a challenger may change (the rest is the job's)
+FIXED = ("optim.delayed_feedback",)  # ...but not how the labels are learned: the join policy decides it
+
+
+def challenger_changes(settings: TrainerSettings, text: str, index: int) -> dict[str, Any]:
+    """A trainer.challengers entry as changes: 'model.kind=lr optim.sparse_optimizer=adagrad' ->
+    {"model.kind": "lr", ...}, each value of the type the setting has; a bad entry names
+    trainer.challengers[index] and the fix (trainer/champion.py builds a challenger from them)."""
+    where = f"config trainer.challengers[{index}]={text!r}"
+    changes: dict[str, Any] = {}
+    for item in text.split():
+        key, sep, value = item.partition("=")
+        section, dot, name = key.partition(".")
+        if not sep or not dot or section not in CHANGEABLE or key in FIXED:
+            raise TrainerError(
+                f"{where}: {item!r} is not a change of trainer.model.* or trainer.optim.* (delayed_feedback "
+                "excepted); write space-separated key=value pairs, e.g. 'model.kind=lr optim.sparse_optimizer=adagrad'"
+            )
+        current = getattr(settings, section)
+        names = [f.name for f in dataclasses.fields(current)]
+        if name not in names:
+            raise TrainerError(f"{where}: trainer.{section} has no key {name!r}; its keys: {sorted(names)}")
+        changes[key] = _typed(getattr(current, name), value, f"{where}: {key}")
+    if not changes:
+        raise TrainerError(f"{where}: no changes; write e.g. 'model.kind=lr', or remove the entry")
+    try:
+        with_changes(settings, {**changes, "challengers": ()})  # each section checks its own values
+    except TrainerError as err:
+        raise TrainerError(f"{where}: {err}") from None
+    return changes
+
+
+def _typed(current: object, value: str, where: str) -> object:
+    try:
+        if isinstance(current, bool):
+            if value.lower() not in ("true", "false"):
+                raise ValueError(value)
+            return value.lower() == "true"
+        if isinstance(current, int):
+            return int(value)
+        if isinstance(current, float):
+            return float(value)
+        if isinstance(current, tuple):
+            return tuple(int(x) for x in value.split(",") if x)
+    except ValueError:
+        raise TrainerError(f"{where}={value!r}: expected {type(current).__name__} like {current!r}") from None
+    return value
 
 
 @dataclass(frozen=True)
