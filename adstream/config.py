@@ -22,6 +22,7 @@ from typing import Any
 
 from adstream.errors import CliError
 from adstream.settings import StackSettings
+from common.checks import coerce_like
 from serving.settings import ServingSettings
 from stream.join.policy import check_delayed_feedback
 from stream.kafka.settings import KafkaSettings
@@ -53,30 +54,12 @@ class Config:
 
 
 def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
-    where = f"{section}.{key}"
     try:
-        if isinstance(default, bool):
-            if isinstance(value, str):
-                if value.lower() not in ("true", "false", "1", "0"):
-                    raise ValueError(value)
-                return value.lower() in ("true", "1")
-            return bool(value)
-        if isinstance(default, int):
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError(value)
-            return int(value)
-        if isinstance(default, float):
-            return float(value)
-        if isinstance(default, tuple):
-            items = [x for x in value.split(",") if x.strip()] if isinstance(value, str) else list(value)  # "" = ()
-            return tuple(type(default[0])(x) for x in items) if default else tuple(items)
-        if isinstance(default, str):
-            if not isinstance(value, (str, int, float)):
-                raise ValueError(value)
-            return str(value)
+        return coerce_like(value, default)
     except (TypeError, ValueError):
-        raise CliError(f"config {where}={value!r}: expected {type(default).__name__} like {default!r}") from None
-    return value
+        raise CliError(
+            f"config {section}.{key}={value!r}: expected {type(default).__name__} like {default!r}"
+        ) from None
 
 
 def _build(cls: type, values: dict[str, Any], where: str) -> Any:

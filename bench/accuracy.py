@@ -158,13 +158,13 @@ def blend_probs(member_probs: list[np.ndarray], labels: np.ndarray, batch_size: 
     """Progressive predictions (n,) of an online logistic stacker over the members' logits: each
     batch scored by sigmoid(w . logits + b), then (w, b) take one AdaGrad step on its logloss. It
     starts as the plain mean of the members' logits."""
-    logits = np.log(np.clip(np.stack(member_probs, axis=1), 1e-7, 1 - 1e-7))  # (n, M)
-    logits -= np.log(np.clip(1 - np.stack(member_probs, axis=1), 1e-7, 1))
-    w = np.concatenate([np.full(logits.shape[1], 1 / logits.shape[1]), [0.0]])  # weights, then the bias
+    probs = np.clip(np.stack(member_probs, axis=1), 1e-7, 1 - 1e-7)  # (n, M)
+    features = np.concatenate([np.log(probs) - np.log1p(-probs), np.ones((len(probs), 1))], axis=1)  # logits, 1
+    w = np.concatenate([np.full(probs.shape[1], 1 / probs.shape[1]), [0.0]])  # weights, then the bias
     squares = np.full_like(w, 1e-6)
     out = np.empty(len(labels))
     for at in range(0, len(labels), batch_size):
-        x = np.concatenate([logits[at : at + batch_size], np.ones((len(logits[at : at + batch_size]), 1))], axis=1)
+        x = features[at : at + batch_size]
         p = 1 / (1 + np.exp(-(x @ w)))
         out[at : at + len(x)] = p
         grad = x.T @ (p - labels[at : at + len(x)]) / len(x)

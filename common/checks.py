@@ -73,3 +73,29 @@ def flat_fields(settings: Any, prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{f.name}"] = value
     return out
+
+
+def coerce_like(value: Any, default: Any) -> Any:
+    """A setting's value (a TOML value or a command line's string) as the type of its `default`:
+    bool ("true"/"false"/"1"/"0"), int (no fractional float), float, tuple ("a,b" split; items of
+    the default's item type), str. Raises ValueError or TypeError; the caller names the key."""
+    if isinstance(default, bool):
+        if isinstance(value, str):
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(value)
+            return value.lower() in ("true", "1")
+        return bool(value)
+    if isinstance(default, int):
+        if isinstance(value, float) and not value.is_integer():
+            raise ValueError(value)
+        return int(value)
+    if isinstance(default, float):
+        return float(value)
+    if isinstance(default, tuple):
+        items = [x for x in value.split(",") if x.strip()] if isinstance(value, str) else list(value)  # "" = ()
+        return tuple(type(default[0])(x) for x in items) if default else tuple(items)
+    if isinstance(default, str):
+        if not isinstance(value, (str, int, float)):
+            raise ValueError(value)
+        return str(value)
+    return value

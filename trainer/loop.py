@@ -286,7 +286,7 @@ def _open_run(
     return Publisher(mlflow, params=params, run_id=run_id)
 
 
-def one_ahead(batches: Iterator[Batch | None], trainer: Members) -> Iterator[Batch | None]:
+def one_ahead(batches: Iterator[Batch | None], members: Members) -> Iterator[Batch | None]:
     """The source's batches, each handed out once the next one is in hand and announced
     (Members.prefetch), so its cold rows are read from RocksDB while this one trains. Costs one
     batch of latency; recovery is unaffected (snapshots hold the offsets of what was learned, not
@@ -296,7 +296,7 @@ def one_ahead(batches: Iterator[Batch | None], trainer: Members) -> Iterator[Bat
     while current is not end:
         upcoming = next(batches, end)
         if upcoming is not None and upcoming is not end:
-            trainer.prefetch(upcoming)  # type: ignore[arg-type]
+            members.prefetch(upcoming)  # type: ignore[arg-type]
         yield current  # type: ignore[misc]
         current = upcoming
 

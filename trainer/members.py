@@ -74,7 +74,6 @@ class Members:
         self.next_choice = settings.switch_every  # the job's events at the next choice
         self.budget_checked = len(self.members) == 1
         self.share = 0.0  # the challengers' measured share of a step (0 until the budget is checked)
-        self.switches = 0
         self.learn_seconds = 0.0  # every member's learning, what the job's samples/s divides by
         self.merge_seconds = 0.0  # every member's merges
         self.served_snapshot: Path | None = None  # the champion's recovery snapshot at the last snapshot round
@@ -83,10 +82,6 @@ class Members:
     def main(self) -> Trainer:
         """The default member: its steps, offsets and events are the job's."""
         return self.members[0].trainer
-
-    @property
-    def serving(self) -> Trainer:
-        return self.champion.trainer
 
     # --- every member, in order -----------------------------------------------------------
     def learn_round(self, batch: Batch | None) -> dict[str, np.ndarray | None]:
@@ -141,7 +136,6 @@ class Members:
             self.champion = self.members[chosen]
         if self.champion is before:
             return False
-        self.switches += 1
         log.warning("champion: %s now serves (was %s) at %d events", self.champion.name, before.name, events)
         if publisher is not None:
             publisher.set_tag("champion", self.champion.name)

@@ -17,7 +17,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.checks import at_least, check_fields, default_of, one_of, with_changes
+from common.checks import at_least, check_fields, coerce_like, default_of, one_of, with_changes
 from store.configs import HierarchyConfig, TableConfig
 from store.rocks import TABLE_FORMATS
 from store.sparse_optim import SPARSE_OPTIMIZERS, SparseOptimConfig
@@ -273,7 +273,13 @@ def challenger_changes(settings: TrainerSettings, text: str, index: int) -> dict
         names = [f.name for f in dataclasses.fields(current)]
         if name not in names:
             raise TrainerError(f"{where}: trainer.{section} has no key {name!r}; its keys: {sorted(names)}")
-        changes[key] = _typed(getattr(current, name), value, f"{where}: {key}")
+        default = getattr(current, name)
+        try:
+            changes[key] = coerce_like(value, default)
+        except (TypeError, ValueError):
+            raise TrainerError(
+                f"{where}: {key}={value!r}: expected {type(default).__name__} like {default!r}"
+            ) from None
     if not changes:
         raise TrainerError(f"{where}: no changes; write e.g. 'model.kind=lr', or remove the entry")
     try:
@@ -281,23 +287,6 @@ def challenger_changes(settings: TrainerSettings, text: str, index: int) -> dict
     except TrainerError as err:
         raise TrainerError(f"{where}: {err}") from None
     return changes
-
-
-def _typed(current: object, value: str, where: str) -> object:
-    try:
-        if isinstance(current, bool):
-            if value.lower() not in ("true", "false"):
-                raise ValueError(value)
-            return value.lower() == "true"
-        if isinstance(current, int):
-            return int(value)
-        if isinstance(current, float):
-            return float(value)
-        if isinstance(current, tuple):
-            return tuple(int(x) for x in value.split(",") if x)
-    except ValueError:
-        raise TrainerError(f"{where}={value!r}: expected {type(current).__name__} like {current!r}") from None
-    return value
 
 
 @dataclass(frozen=True)
