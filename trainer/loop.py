@@ -164,10 +164,10 @@ def _run(
                     members.delta_round(control, publisher, state.events)
                     clocks.last_publish = time.monotonic()
                 if act.report:
-                    if members.review(control, state.events, publisher):  # a new champion: its base goes out next
-                        clocks.last_snapshot = float("-inf")
-                        if publisher is not None:
-                            publisher.forget_base()  # no delta of the old champion's base from the new one
+                    # a new champion: the next publication is its base, never a delta of the old one's
+                    # (no snapshot forced: its merge would be a sync point no step count decides)
+                    if members.review(control, state.events, publisher) and publisher is not None:
+                        publisher.forget_base()
                     out.merged = _report(members, control, publisher)
                     auc = out.merged["progressive_auc"]
                     info = f"step {trainer.step} events {state.events} auc {auc:.4f} serving {members.champion.slug}"

@@ -11,8 +11,9 @@ that serves: the champion (the rules: trainer/champion.py).
     delta_round                   the champion's delta; the others forget their changes
     resume                        every member from the snapshots of the default member's newest step
 
-A switch makes the next round a snapshot round (trainer/loop.py), so serving gets the new
-champion as a base: one publication per switch, and no delta ever crosses from one member to another.
+After a switch the publisher forgets its base (trainer/loop.py), so the next publication is the
+new champion's base (at the next delta tick, or the next snapshot when deltas are off): no delta
+ever crosses from one member to another.
 """
 
 from __future__ import annotations
