@@ -5,6 +5,8 @@
 #                           machine's certificate store, in place of python:3.11-slim
 #   adstream-kafka:4.1.1    Java 17 and the Kafka jars (docker/kafka), in place of apache/kafka
 #   adstream:local          the project (Dockerfile), from the pinned wheels of requirements.lock
+#   adstream-infra:bookworm PostgreSQL and HAProxy from Debian's packages (docker/cluster/Dockerfile):
+#                           the cluster's MLflow database and serving proxy (docker-compose.cluster.yml)
 # Where a registry is reachable none of this is needed: `docker compose build` uses the official
 # images (README "docker-compose up").
 set -euo pipefail
@@ -61,6 +63,11 @@ if ! podman image exists "localhost/adstream-kafka:$kafka_version"; then
   say "kafka: podman build adstream-kafka:$kafka_version"
   podman build -q --build-arg BASE="$base" -t "adstream-kafka:$kafka_version" "$context" >/dev/null
   rm -rf "$context"
+fi
+
+if ! podman image exists localhost/adstream-infra:bookworm; then
+  say "infra: podman build adstream-infra:bookworm (PostgreSQL, HAProxy)"
+  podman build -q --build-arg BASE="$base" -t adstream-infra:bookworm docker/cluster >/dev/null
 fi
 
 wheels="$cache/wheels"

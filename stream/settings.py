@@ -31,6 +31,18 @@ class JoinSettings:
     chunk_wait_s: float = at_least(0.001, 0.1)  # longest a chunk waits to fill (the joiner's latency under low load)
     bundle_events: int = at_least(1, 1024)  # most labelled events per record written to the events topic
     app_id: str = "adstream-joiner"  # consumer group (committed offsets) and transactional id prefix
+    # who decides which joiner reads which partitions: "static" (worker i of N takes p % N == i, its
+    # state on this machine's disk: one machine) or "group" (Kafka's consumer group assigns them and
+    # moves them when a joiner dies; the state follows through a changelog topic: joiners on
+    # several machines, stream/join/group.py)
+    assignment: str = one_of(("static", "group"), "static")
+    # "group": this joiner's name, unique in the group and the same after a restart (its transactional
+    # id, so a restarted joiner fences its predecessor); "" = the host's name
+    member: str = ""
+    session_timeout_s: float = at_least(6, 10.0)  # "group": a joiner silent this long loses its partitions
+    # a transaction left open this long (its joiner died) is aborted by the broker; until then readers
+    # of the events, and a "group" joiner restoring that partition's state, wait for it
+    transaction_timeout_s: float = at_least(1, 60.0)
     metrics_port: int = at_least(0, 9200)  # Prometheus endpoint of the joiner (worker i: port + i); 0 = off
     click_impression_id: str = "impression_id"  # field of a click naming its impression (the impression's event id)
     click_time: str = "ts"  # field of a click holding its time, ms since the epoch

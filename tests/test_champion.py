@@ -190,3 +190,22 @@ def test_every_member_resumes_from_its_snapshot_with_the_champion_it_had(stream,
     before, after = members.learn_round(following), again.learn_round(following)
     for name in members.names:
         np.testing.assert_allclose(after[name], before[name], rtol=0, atol=1e-6)
+
+
+def test_a_resumed_replica_keeps_only_its_own_partitions_offsets(stream, tmp_path: Path):
+    """The snapshot holds the group's offsets; each resumed replica keeps its own partitions' alone,
+    so the next snapshot's gather cannot overwrite a replica's fresh offset with another's stale copy
+    (a third start would then read that partition again: every record learned twice)."""
+    schema, features = stream
+    settings = small(snapshot=SnapshotSettings(dir=str(tmp_path / "snapshots")), challengers=())
+    members = Members(schema, settings)
+    for batch in batches(features)[:2]:
+        members.learn_round(batch)
+    members.main.offsets = {0: 6, 1: 9, 2: 4}  # the group's, as gathered from three partitions' readers
+    members.snapshot_round(Control(1), None, Commits(), 256)
+    kept = []
+    for rank in (0, 1):
+        again = Members(schema, settings)
+        again.resume(rank, 2)
+        kept.append(again.main.offsets)
+    assert kept == [{0: 6, 2: 4}, {1: 9}]

@@ -254,3 +254,20 @@ def test_serving_follows_the_alias_the_trainer_moves_unless_given_its_own():
     assert build_config({}).serving.alias == "live"
     assert build_config({"mlflow": {"alias": "prod"}}).serving.alias == "prod"
     assert build_config({"mlflow": {"alias": "prod"}, "serving": {"alias": "latest"}}).serving.alias == "latest"
+
+
+def test_cluster_settings_are_checked_and_the_cluster_file_reads():
+    """What only a cluster sets: replication checked against itself, the joiner's assignment one of
+    two; docker/cluster.toml (the cluster's containers) builds as is."""
+    with pytest.raises(AdstreamError, match=r"kafka.min_insync_replicas=3 > replication_factor=2.*lower it"):
+        build_config({"kafka": {"replication_factor": 2, "min_insync_replicas": 3}})
+    with pytest.raises(AdstreamError, match=r"stream.join.assignment='groups'.*'group'"):
+        build_config({"stream": {"join": {"assignment": "groups"}}})
+    with pytest.raises(AdstreamError, match=r"stream.join.session_timeout_s"):
+        build_config({"stream": {"join": {"session_timeout_s": 1}}})
+    import tomllib
+    from pathlib import Path
+
+    cluster = build_config(tomllib.loads((Path(__file__).parents[1] / "docker" / "cluster.toml").read_text()))
+    assert cluster.kafka.replication_factor == 3 and cluster.kafka.min_insync_replicas == 2
+    assert cluster.stream.join.assignment == "group" and cluster.trainer.challengers == ()

@@ -116,6 +116,36 @@ def test_entries_round_trip_and_a_chunk_commit_survives_a_reopen(tmp_path):
         again.bundle(13)
 
 
+def test_a_changelogged_state_says_every_write_and_a_database_rebuilt_from_it_is_the_same(tmp_path):
+    """ "group" joiners: each commit's keys go out as changelog records (deletes as tombstones) with
+    the chunk's outputs, and also into the pending outputs a crash sends again; a database loaded
+    from every record so far holds what the original holds (entries, bundles, progress)."""
+    state = PartitionState(tmp_path / "p0", changelog=("app.state", 1))
+    state.stage("a", Entry(Impression("a", 1, b'{"I1":1}'), due=61))
+    state.stage("b", Entry(early_click=Click("b", 7), due=50))
+    table = pa.table({"ts": pa.array([3, 4])})
+    state.put_bundle(12, 4, encode_table(table), table)
+    events = [PendingOutput("events", b"a", b'{"x":1,"label":0}', (), 1)]
+    first = state.commit(Progress(5, 3, 10, 1, (), "t1", ""), events)
+    assert first[:1] == events and {o.topic for o in first[1:]} == {"app.state"}
+    assert {o.partition for o in first[1:]} == {1} and first[-1].key == b"m"  # the progress last
+    state.stage("b", None)
+    second = state.commit(Progress(6, 4, 10, 2, (), "t2", "t1"), [], bundles_before=100)
+    assert [(o.key, o.value) for o in second if o.value is None] == [(b"eb", None), (second[1].key, None)]
+    assert state.pending_outputs() == second  # tombstones survive the pending outputs' encoding
+    records = [(o.key, o.value) for o in first[1:] + second]
+    rebuilt = PartitionState(tmp_path / "rebuilt")
+    rebuilt.load(records)
+    rebuilt.close()
+    rebuilt = PartitionState(tmp_path / "rebuilt")
+    assert rebuilt.progress == state.progress == Progress(6, 4, 10, 2, (), "t2", "t1")
+    assert dict(rebuilt.entries()) == dict(state.entries()) == {"a": Entry(Impression("a", 1, b'{"I1":1}'), due=61)}
+    with pytest.raises(KeyError):
+        rebuilt.bundle(12)  # dropped by the second commit, on both
+    plain = PartitionState(tmp_path / "plain")  # no changelog: the outputs as given
+    assert plain.commit(Progress(1, 1, 1, 1), events) == events
+
+
 def test_replay_clicks_splits_rows_into_impressions_and_later_clicks_each_in_its_partition(schema):
     events = [criteo_event(i, label=i % 3 == 0) for i in range(300)]
     events = [{**e, "label": int(e["label"])} for e in events]
@@ -265,3 +295,21 @@ def test_records_on_another_partition_are_moved_as_their_own_kind_and_read_back_
                 back_clicks, bad = read_clicks(RawRecord(q, 0, value), fields)
                 assert back_clicks == list(moved)
             assert bad == []
+
+
+def test_a_group_joiner_keeps_a_current_database_and_resends_a_chunk_ahead(tmp_path):
+    """open_state's first two answers (the third, a restore, reads the changelog from Kafka:
+    tests/integration/test_join_group.py): the committed token is the database's -> kept as is;
+    it is the database's previous one -> kept, its last chunk to be sent again."""
+    from stream.join.group import open_state
+    from stream.kafka.settings import KafkaSettings
+
+    state = PartitionState(tmp_path / "p3", changelog=("app.state", 3))
+    state.commit(Progress(1, 1, 5, 1, (), "t1", ""), [])
+    sent = state.commit(Progress(2, 1, 5, 2, (), "t2", "t1"), [PendingOutput("events", b"k", b"v", (), 3)])
+    state.close()
+    for committed, resend in (("t2", False), ("t1", True)):
+        reopened, again = open_state(tmp_path / "p3", committed, ("app.state", 3), KafkaSettings())
+        assert (reopened.progress.token, again) == ("t2", resend)
+        assert reopened.pending_outputs() == sent
+        reopened.close()

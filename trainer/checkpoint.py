@@ -209,12 +209,18 @@ class Checkpointer:
             prune_snapshots(snapshot.dir, snapshot.keep)
 
     def delta_round(
-        self, control: Control, publisher: Publisher | None, events: int, extra: dict[str, object] | None = None
+        self,
+        control: Control,
+        publisher: Publisher | None,
+        events: int,
+        extra: dict[str, object] | None = None,
+        offsets: dict[int, int] | None = None,
     ) -> None:
         """Rank 0 sends serving the rows changed since the last publication and the dense weights,
         as the next delta of the current base (a member that does not serve passes no publisher: its
-        changes are only forgotten, its base comes whole if it ever serves). A failed write or
-        upload is logged, not fatal: the next publication is then a base. A collective."""
+        changes are only forgotten, its base comes whole if it ever serves). `offsets`: every
+        replica's (Members.group_offsets; None: this replica's own). A failed write or upload is
+        logged, not fatal: the next publication is then a base. A collective."""
         r, folder_root = self.replica, Path(self.replica.settings.snapshot.dir) / DELTAS
         changes = r.changes_since_publication(control)  # with sharded rows: every rank's, on rank 0
         group_metrics = merged_metrics(r.metrics).summary()  # a collective: the group's figures, as a base has them
@@ -223,7 +229,7 @@ class Checkpointer:
         table, changed = changes
         extra = {"mlflow_run_id": publisher.run_id, "workers": control.world, **(extra or {})}
         manifest = replace(
-            self.manifest(extra=extra, events=events, metrics=group_metrics),
+            self.manifest(offsets, extra=extra, events=events, metrics=group_metrics),
             base_step=publisher.base_step,
             sequence=publisher.sequence + 1,
         )

@@ -128,7 +128,7 @@ def _run(
     control = Control(world)
     members = Members(schema, settings)  # the trainer's own configuration and its challengers
     trainer = members.main
-    resumed, state, run_id = members.resume(rank)
+    resumed, state, run_id = members.resume(rank, world)
     source = BatchSource(kafka, settings.group_id, schema.hash, rank, world, start_offsets=trainer.offsets)
     learn_log = LearnLog(settings.learn_log, rank)
     schedule = Schedule(

@@ -40,6 +40,7 @@ from trainer.metrics import ProgressiveMetrics, merged_summary
 from trainer.schedule import LoopState
 from trainer.settings import TrainerSettings
 from trainer.snapshot import MANIFEST, latest_snapshot
+from trainer.source import reads
 from trainer.trainer import Trainer
 
 if TYPE_CHECKING:
@@ -196,9 +197,7 @@ class Members:
         for the default member's newest and finds theirs beside it), the champion's publication;
         every replica then commits its offsets, once all are durable. (path of the default member's
         snapshot, registry version) on rank 0."""
-        offsets: dict[int, int] = {}
-        for part in control.gather(self.main.offsets):  # replicas read disjoint partitions
-            offsets.update(part)
+        offsets = self.group_offsets(control)
         extra: dict[str, object] = {"champion": self.champion.name}
         if publisher is not None:
             extra["mlflow_run_id"] = publisher.run_id
@@ -216,15 +215,27 @@ class Members:
         return path, version
 
     def delta_round(self, control: Control, publisher: Publisher | None, events: int) -> None:
-        """The champion's next delta; every other member forgets its changes (collectives all)."""
+        """The champion's next delta (with every replica's offsets, as a base: what serving says it
+        learned up to); every other member forgets its changes (collectives all)."""
+        offsets = self.group_offsets(control)
         for m in self.members:
             serves = publisher if m is self.champion else None
-            m.trainer.checkpoints.delta_round(control, serves, events, {"champion": self.champion.name})
+            m.trainer.checkpoints.delta_round(control, serves, events, {"champion": self.champion.name}, offsets)
 
-    def resume(self, rank: int) -> tuple[Path | None, LoopState, str | None]:
+    def group_offsets(self, control: Control) -> dict[int, int]:
+        """Every replica's next batches offsets (they read disjoint partitions). A collective."""
+        offsets: dict[int, int] = {}
+        for part in control.gather(self.main.offsets):
+            offsets.update(part)
+        return offsets
+
+    def resume(self, rank: int, world: int = 1) -> tuple[Path | None, LoopState, str | None]:
         """Restore the default member's newest complete snapshot, if any, and every challenger's of
         the same step (one missing, e.g. a challenger added since: it starts afresh at that step);
-        the champion it names serves again. (its path, the loop's counters, its MLflow run)."""
+        the champion it names serves again. Each replica keeps the offsets of its own partitions
+        only (source.reads): the snapshot holds the whole group's, and one kept for another
+        replica's partition would go stale and, gathered into the next snapshot, overwrite that
+        replica's. (its path, the loop's counters, its MLflow run)."""
         resumed = latest_snapshot(self.settings.snapshot.dir)
         if resumed is None:
             return None, LoopState(), None
@@ -239,6 +250,7 @@ class Members:
                 m.trainer.step = m.trainer.merged_step = main.step
                 m.trainer.events, m.trainer.offsets = main.events, dict(main.offsets)
         for m in self.members:
+            m.trainer.offsets = {p: o for p, o in m.trainer.offsets.items() if reads(rank, world, p)}
             if rank != 0:  # rank 0 carries the job's counts (events, the metrics' sums): the others add from zero
                 m.trainer.events = 0
                 m.trainer.metrics = ProgressiveMetrics(window=self.settings.metrics_window)

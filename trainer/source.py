@@ -53,7 +53,12 @@ def schema_label(schema_hash: str, name: str = "") -> str:
 
 def partitions_of(rank: int, world: int, partitions: int) -> list[int]:
     """The fixed share of the batches topic's partitions replica `rank` of `world` reads."""
-    return [p for p in range(partitions) if p % world == rank]
+    return [p for p in range(partitions) if reads(rank, world, p)]
+
+
+def reads(rank: int, world: int, partition: int) -> bool:
+    """Whether replica `rank` of `world` reads `partition` of the batches topic."""
+    return partition % world == rank
 
 
 class BatchSource:

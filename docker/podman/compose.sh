@@ -34,7 +34,7 @@ if ! alive "$state/health.pid"; then
     while true; do
       filters=(--filter health=starting --filter health=unhealthy)
       [ $((round % 10)) = 0 ] && filters=()
-      for id in $(podman ps -q --filter "label=com.docker.compose.project=$project" "${filters[@]}"); do
+      for id in $(podman ps -q --filter "label=com.docker.compose.project" "${filters[@]}"); do  # every project's
         podman healthcheck run "$id" >/dev/null 2>&1 || true
       done
       round=$((round + 1))

@@ -46,7 +46,9 @@ def build_app(kafka: KafkaSettings, settings: StreamSettings) -> faust.App:
     Path(FAUST_DIR).mkdir(parents=True, exist_ok=True)  # Faust makes its own folder, not the parents
     app = faust.App(
         settings.app_id,
-        broker=f"adstream://{kafka.bootstrap}",  # Faust's Kafka driver, its per-record race skipped: faust_hot_path.py
+        # Faust's Kafka driver, its per-record race skipped (faust_hot_path.py); one URL per broker
+        broker=";".join(f"adstream://{server.strip()}" for server in kafka.bootstrap.split(",")),
+        topic_replication_factor=kafka.replication_factor,  # Faust's own topics, as ours
         store="memory://",
         datadir=f"{FAUST_DIR}/{{conf.id}}",  # Faust's own folder, out of the working tree
         web_enabled=False,

@@ -32,7 +32,9 @@ The watermark also waits for every clicks partition of the worker, not only its 
 partition p may first arrive on q. Output records of partition p go to partition p of the events
 topic (mod its count), so an impression's negative and its positive copy share a partition, in order.
 Worker i of N takes the partitions p with p % N == i, and each partition has its own database, so
-N can change between runs.
+N can change between runs. With `stream.join.assignment = "group"` Kafka's consumer group assigns
+them instead, to joiners on any machines, and moves them when one dies; the state follows through
+a changelog topic (stream/join/group.py argues exactly once there).
 
 A bounded log (a replayed file, a test) ends with the last `window_s + allowed_lateness_s` of event
 time still open: nothing later moves the watermark past it. `adstream join --until-idle S` closes
@@ -45,12 +47,16 @@ from __future__ import annotations
 import logging
 import os
 import time
+import uuid
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import Counter, Gauge
 
+from stream.errors import StreamError
 from stream.formats.clicks import click_record
 from stream.formats.dead_letter import RECORD_OVERHEAD, dead_letter
+from stream.join.group import Fenced, changelog_topic, committed_tokens, ensure_changelog, member_name, open_state
 from stream.join.inputs import ClickFields, Read, read_record
 from stream.join.outputs import event_records
 from stream.join.partitions import NEVER, Inputs, Partition, worker_partitions
@@ -114,24 +120,36 @@ class Joiner:
                 # a fetch the broker holds for want of data waits 50 ms, not 500: single JSON
                 # impressions 32.1k -> 35.0k/s read as a backlog (some partition is always short)
                 "fetch.wait.max.ms": 50,
+                # "group": impressions p and clicks p to one joiner (range assigns equal numbers of
+                # co-partitioned topics together); a joiner silent this long loses its partitions
+                "partition.assignment.strategy": "range",
+                "session.timeout.ms": round(self.join.session_timeout_s * 1000),
                 **quiet_logs(),
             }
         )
         self.worker = worker
-        self.transactions = Transactions(kafka, self.join.app_id, worker)
+        self.in_group = self.join.assignment == "group"
+        member = member_name(self.join, worker, workers) if self.in_group else str(worker)
+        timeout = self.join.transaction_timeout_s
+        self.transactions = Transactions(kafka, self.join.app_id, member, self.in_group, timeout)
         self.partitions, self.input_partitions, self.events_partitions = worker_partitions(
-            self.consumer, kafka, worker, workers
+            self.consumer, kafka, worker, 1 if self.in_group else workers
         )
-        self.parts: dict[int, Partition] = {}
+        self.parts: dict[int, Partition] = {}  # the partitions this worker holds now
         self.inputs = Inputs(self.consumer, kafka, self.rules, self.parts)
         self._warned_moves = False
 
     def start(self) -> None:
-        """Fence any earlier instance, finish what a crash left unsent, and assign the partitions."""
+        """Fence any earlier instance, finish what a crash left unsent, and assign the partitions
+        (in a group: join it; partitions come and go in `_assigned` and `_revoked`)."""
         from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
         self.transactions.start()  # aborts a predecessor's open transaction
         imp, clk = self.kafka.impressions_topic, self.kafka.clicks_topic
+        if self.in_group:
+            ensure_changelog(self.kafka, self.join, self.input_partitions)
+            self._subscribe()
+            return
         committed = {
             (tp.topic, tp.partition): tp.offset
             for tp in self.consumer.committed(
@@ -140,22 +158,14 @@ class Joiner:
         }
         assignment = []
         for p in self.partitions:
-            state = PartitionState(Path(self.join.state_dir) / f"{imp}-{p}")
-            progress = state.progress
-            timers = [(entry.due, key) for key, entry in state.entries()]
-            cursor = Cursor(self.rules, state.get, state.stage, timers, progress.newest_ts, state.preload)
-            cursor.frontier = NEVER  # no click read yet: no window closes until they are
-            part = Partition(p, state, cursor, progress.impressions_offset, progress.clicks_offset)
-            part.holds = {which: (ts, until) for which, ts, until in progress.holds}
-            self.parts[p] = part
+            part = self._hold(p, PartitionState(Path(self.join.state_dir) / f"{imp}-{p}"))
+            progress = part.state.progress
             behind = (_offset(committed.get((imp, p))), _offset(committed.get((clk, p)))) != (
                 progress.impressions_offset,
                 progress.clicks_offset,
             )
             if progress.chunk and behind:  # the last chunk's transaction did not commit: send it again
-                part.outputs = state.pending_outputs()
-                part.touched = True
-                log.warning("join: partition %d: resending chunk %d's %d outputs", p, progress.chunk, len(part.outputs))
+                self._resend(part)
             for topic, offset in ((imp, progress.impressions_offset), (clk, progress.clicks_offset)):
                 assignment.append(TopicPartition(topic, p, offset if offset >= 0 else OFFSET_BEGINNING))
         if any(part.touched for part in self.parts.values()):
@@ -163,12 +173,87 @@ class Joiner:
         self.inputs.note_moved()  # holds a crash left unresolved: until the inputs' ends now
         self.consumer.assign(assignment)
 
+    def _hold(self, p: int, state: PartitionState) -> Partition:
+        """Take partition p with its state: its cursor's timers rebuilt from the stored entries."""
+        progress = state.progress
+        timers = [(entry.due, key) for key, entry in state.entries()]
+        cursor = Cursor(self.rules, state.get, state.stage, timers, progress.newest_ts, state.preload)
+        cursor.frontier = NEVER  # no click read yet: no window closes until they are
+        part = Partition(p, state, cursor, progress.impressions_offset, progress.clicks_offset)
+        part.holds = {which: (ts, until) for which, ts, until in progress.holds}
+        self.parts[p] = part
+        return part
+
+    def _resend(self, part: Partition) -> None:
+        part.outputs = part.state.pending_outputs()
+        part.touched = True
+        log.warning(
+            "join: partition %d: resending chunk %d's %d outputs",
+            part.number,
+            part.state.progress.chunk,
+            len(part.outputs),
+        )
+
+    def _subscribe(self) -> None:
+        self.consumer.subscribe(
+            [self.kafka.impressions_topic, self.kafka.clicks_topic],
+            on_assign=self._assigned,
+            on_revoke=self._revoked,
+            on_lost=self._revoked,
+        )
+
+    def _assigned(self, consumer: Any, assigned: list[Any]) -> None:
+        """The group gave this worker these partitions (impressions p and clicks p together): each
+        one's state as committed (kept, its last chunk sent again, or restored from the changelog),
+        read on from its offsets."""
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        imp, clk = self.kafka.impressions_topic, self.kafka.clicks_topic
+        numbers = sorted({tp.partition for tp in assigned})
+        pairs = {(tp.topic, tp.partition) for tp in assigned}
+        if any((t, p) not in pairs for p in numbers for t in (imp, clk)):
+            raise StreamError(
+                f"join: the group assigned {sorted(pairs)}: impressions and clicks partition p must go together; "
+                "every joiner of the group must be adstream's (partition.assignment.strategy range)"
+            )
+        tokens = committed_tokens(consumer, (imp, clk), numbers)
+        assignment = []
+        for p in numbers:
+            path = Path(self.join.state_dir) / f"{imp}-{p}"
+            state, resend = open_state(path, tokens[p], (changelog_topic(self.join), p), self.kafka)
+            part = self._hold(p, state)
+            if resend:
+                self._resend(part)
+            for topic, offset in ((imp, part.impressions_offset), (clk, part.clicks_offset)):
+                assignment.append(TopicPartition(topic, p, offset if offset >= 0 else OFFSET_BEGINNING))
+        log.warning("join: %s holds partitions %s", self.transactions.transactional_id, numbers)
+        if any(part.touched for part in self.parts.values()):
+            self._send()
+        self.inputs.note_moved()
+        consumer.assign(assignment)
+
+    def _revoked(self, consumer: Any, revoked: list[Any]) -> None:
+        """The group takes this worker's partitions (to give them out again): their states closed.
+        (Called between chunks: every chunk read before is committed.)"""
+        self._drop()
+
+    def _drop(self) -> None:
+        for part in self.parts.values():
+            part.state.close()
+        self.parts.clear()  # (in place: Inputs holds the same dict)
+
     def step(self, timeout_s: float | None = None) -> int:
         """Read one chunk (up to take_records, waiting up to chunk_wait_s), join it, commit it;
         returns the records read."""
         wait = self.join.chunk_wait_s if timeout_s is None else timeout_s
-        messages = self.consumer.consume(self.join.take_records, wait)
+        try:
+            messages = self.consumer.consume(self.join.take_records, wait)  # (a rebalance runs in here)
+        except Fenced:  # a partition given to this worker could not be taken: it moved on meanwhile
+            self._rejoin()
+            return 0
         messages = [m for m in messages if m.error() is None or _log_error(m)]
+        if self.in_group:  # (records fetched before a rebalance took their partition)
+            messages = [m for m in messages if m.partition() in self.parts]
         for part in self.parts.values():
             part.touched = part.touched or any(part.paused.values())  # a paused input may resume: look again
         if not messages and not any(part.touched for part in self.parts.values()):
@@ -216,8 +301,18 @@ class Joiner:
         for p, part in self.parts.items():
             if part.touched:
                 self._close_chunk(p, part)
-        self._send()
+        try:
+            self._send()
+        except Fenced:  # the partitions moved on while this chunk was made: drop it and rejoin
+            self._rejoin()
         return len(messages)
+
+    def _rejoin(self) -> None:
+        """After a refused commit: let every partition go (their databases are at most the dropped
+        chunk ahead; whoever holds them next sees that) and join the group afresh."""
+        self._drop()
+        self.consumer.unsubscribe()
+        self._subscribe()
 
     def _join_run(self, part: Partition | None, impressions: list[Impression]) -> None:
         """Consecutive impressions of one partition into its cursor, their entries read together."""
@@ -294,13 +389,15 @@ class Joiner:
         EMITTED.labels("1").inc(positives)
         EMITTED.labels("0").inc(len(emitted) - positives)
         holds = tuple((which, ts, until) for which, (ts, until) in part.holds.items())
+        last = part.state.progress
+        token = uuid.uuid4().hex
         progress = Progress(
-            part.impressions_offset, part.clicks_offset, part.cursor.newest, part.state.progress.chunk + 1, holds
+            part.impressions_offset, part.clicks_offset, part.cursor.newest, last.chunk + 1, holds, token, last.token
         )
         # no emission needs the rows of a bundle this much older than the watermark
         if bundles_before is None:
             bundles_before = part.cursor.watermark - payload_kept_ms(self.rules)
-        part.state.commit(progress, part.outputs, bundles_before)
+        part.outputs = part.state.commit(progress, part.outputs, bundles_before)
 
     def _records(self, part: Partition, emitted: list[Emission]) -> list[PendingOutput]:
         """Labelled events as records of at most bundle_events events and the message limit."""
@@ -322,6 +419,11 @@ class Joiner:
         touched = {p: part for p, part in self.parts.items() if part.touched}
         offsets = []
         for p, part in touched.items():
+            if self.in_group:  # every touched partition's offsets, with its chunk's token (stream/join/group.py)
+                token = part.state.progress.token
+                offsets.append(TopicPartition(self.kafka.impressions_topic, p, max(part.impressions_offset, 0), token))
+                offsets.append(TopicPartition(self.kafka.clicks_topic, p, max(part.clicks_offset, 0), token))
+                continue
             offsets.append(TopicPartition(self.kafka.impressions_topic, p, part.impressions_offset))
             offsets.append(TopicPartition(self.kafka.clicks_topic, p, part.clicks_offset))
         outputs = [o for part in touched.values() for o in part.outputs]

@@ -8,6 +8,14 @@ What one partition's database holds:
     b"b" + offset, newest -> an Arrow bundle of impressions as read at that offset (its entries point at
                              their rows: RowRef), kept while an emission may need one of its rows
 
+With `stream.join.assignment = "group"` the database is a cache of a changelog topic as well (one
+partition per input partition, compacted): `commit` adds every key it writes or deletes to the
+chunk's outputs, as records of that topic (a delete as a tombstone), so they go out in the chunk's
+transaction with its offsets; a joiner that is given a partition another one held rebuilds the
+database from there (`restore`). Each chunk has a token, committed as the offsets' metadata: a
+database whose token is the committed one is current, one whose previous token is, is the chunk
+ahead that did not commit (sent again), any other is stale and restored (stream/join/group.py).
+
 A chunk (the records of one poll) changes the entries in memory (`stage`), then `commit` writes
 every change, the new Progress and the chunk's outputs in one atomic write batch, and only then are
 the outputs sent in a Kafka transaction with the same offsets. So after any crash the database is
@@ -32,9 +40,13 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    from rocksdict import WriteBatch
 
 from stream.join.policy import Click, Entry, Impression, RowRef
 
@@ -87,27 +99,33 @@ class Progress:
     # records moved here from another partition, not yet read back: (input, oldest time, offset by
     # which they are read; -1: not known when written, the input's end at the next start)
     holds: tuple[tuple[str, int, int], ...] = ()
+    token: str = ""  # this chunk's id ("group": committed as the offsets' metadata with it)
+    previous: str = ""  # the chunk before's token
 
 
 @dataclass(frozen=True)
 class PendingOutput:
-    """One record a chunk writes: to the events topic (a labelled bundle) or the dead-letter topic."""
+    """One record a chunk writes: to the events topic (a labelled bundle), the dead-letter topic, an
+    input (a record moved to its partition) or the state's changelog (value None: a tombstone)."""
 
     topic: str
     key: bytes
-    value: bytes
+    value: bytes | None
     headers: tuple[tuple[str, bytes], ...] = ()
     partition: int = -1  # the partition to write to (-1: the producer's partitioner, by key)
 
 
-_SIZES = struct.Struct("<4Ii")  # the four fields' sizes, the partition
+_SIZES = struct.Struct("<IIiIi")  # the four fields' sizes (the value's -1: None, a tombstone), the partition
+TOMBSTONE = -1
 
 
 def encode_outputs(outputs: list[PendingOutput]) -> bytes:
     parts = [struct.pack("<I", len(outputs))]
     for o in outputs:
-        fields = [o.topic.encode(), o.key, o.value, orjson.dumps([[k, v.decode("latin-1")] for k, v in o.headers])]
-        parts += [_SIZES.pack(*map(len, fields), o.partition), *fields]
+        headers = orjson.dumps([[k, v.decode("latin-1")] for k, v in o.headers])
+        value = TOMBSTONE if o.value is None else len(o.value)
+        parts += [_SIZES.pack(len(o.topic.encode()), len(o.key), value, len(headers), o.partition)]
+        parts += [o.topic.encode(), o.key, o.value or b"", headers]
     return b"".join(parts)
 
 
@@ -122,22 +140,26 @@ def decode_outputs(blob: bytes, with_partition: bool = True) -> list[PendingOutp
         else:
             sizes = list(struct.unpack_from("<4I", blob, at))
             at += 16
-        fields = []
+        fields: list[bytes | None] = []
         for size in sizes:
-            fields.append(blob[at : at + size])
-            at += size
-        headers = tuple((k, v.encode("latin-1")) for k, v in orjson.loads(fields[3]))
-        out.append(PendingOutput(fields[0].decode(), fields[1], fields[2], headers, partition))
+            fields.append(None if size == TOMBSTONE else blob[at : at + size])
+            at += max(size, 0)
+        topic, key, value, raw_headers = fields
+        assert topic is not None and key is not None and raw_headers is not None
+        headers = tuple((k, v.encode("latin-1")) for k, v in orjson.loads(raw_headers))
+        out.append(PendingOutput(topic.decode(), key, value, headers, partition))
     return out
 
 
 class PartitionState:
     """One partition's entries, progress and pending outputs in RocksDB, changed a chunk at a time."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, changelog: tuple[str, int] | None = None) -> None:
+        """The database at `path`; with `changelog` (topic, partition) every commit also says what it
+        wrote as records of that topic."""
         from rocksdict import DBCompressionType, Options, Rdict
 
-        self.path = Path(path)
+        self.path, self.changelog = Path(path), changelog
         self.path.mkdir(parents=True, exist_ok=True)
         options = Options(raw_mode=True)
         options.create_if_missing(True)
@@ -200,12 +222,13 @@ class PartitionState:
         """Change an entry in memory; `commit` writes it."""
         self._staged[key] = entry
 
-    def commit(self, progress: Progress, outputs: list[PendingOutput], bundles_before: int | None = None) -> None:
+    def commit(
+        self, progress: Progress, outputs: list[PendingOutput], bundles_before: int | None = None
+    ) -> list[PendingOutput]:
         """Every staged change, the progress and the chunk's outputs, in one atomic write; and the
         bundles whose newest row time is before `bundles_before` dropped (oldest first, stopping at
-        the first younger one: a bundle out of time order holds the ones after it a little longer)."""
-        from rocksdict import WriteBatch
-
+        the first younger one: a bundle out of time order holds the ones after it a little longer).
+        Returns the outputs to send: `outputs`, and with a changelog every key written or deleted."""
         dropped = []
         if bundles_before is not None:
             for offset, newest in self._bundles.items():
@@ -213,18 +236,19 @@ class PartitionState:
                     break
                 dropped.append(offset)
 
-        batch = WriteBatch(raw_mode=True)
+        changes: list[tuple[bytes, bytes | None]] = []  # (key, value; None: deleted), in write order
         for key, entry in self._staged.items():
-            if entry is None:
-                batch.delete(ENTRY + key.encode())
-            else:
-                batch.put(ENTRY + key.encode(), encode_entry(entry))
+            changes.append((ENTRY + key.encode(), None if entry is None else encode_entry(entry)))
         for offset, value in self._new_bundles.items():
-            batch.put(BUNDLE + _BUNDLE_KEY.pack(offset, self._bundles[offset]), value)
+            changes.append((BUNDLE + _BUNDLE_KEY.pack(offset, self._bundles[offset]), value))
         for offset in dropped:
-            batch.delete(BUNDLE + _BUNDLE_KEY.pack(offset, self._bundles.pop(offset)))
+            changes.append((BUNDLE + _BUNDLE_KEY.pack(offset, self._bundles.pop(offset)), None))
             self._tables.pop(offset, None)
-        batch.put(PROGRESS, orjson.dumps(vars(progress)))
+        changes.append((PROGRESS, orjson.dumps(vars(progress))))
+        if self.changelog is not None:
+            topic, partition = self.changelog
+            outputs = outputs + [PendingOutput(topic, name, data, (), partition) for name, data in changes]
+        batch = _write_batch(changes)
         batch.put(PENDING, encode_outputs(outputs))
         batch.delete(PENDING_BEFORE_PARTITIONS)
         self.db.write(batch)
@@ -232,6 +256,12 @@ class PartitionState:
         self._read.clear()
         self._new_bundles.clear()
         self.progress = progress
+        return outputs
+
+    def load(self, changes: list[tuple[bytes, bytes | None]]) -> None:
+        """Write changelog records (key, value; None: delete) as they are, in one write: `restore`
+        rebuilds a database from its changelog with it. Only into a database just opened."""
+        self.db.write(_write_batch(changes))
 
     def pending_outputs(self) -> list[PendingOutput]:
         raw = self.db.get(PENDING)
@@ -259,3 +289,16 @@ class PartitionState:
 
     def close(self) -> None:
         self.db.close()
+
+
+def _write_batch(changes: list[tuple[bytes, bytes | None]]) -> WriteBatch:
+    """One RocksDB write batch of (key, value) puts, None values deletes."""
+    from rocksdict import WriteBatch
+
+    batch = WriteBatch(raw_mode=True)
+    for key, value in changes:
+        if value is None:
+            batch.delete(key)
+        else:
+            batch.put(key, value)
+    return batch

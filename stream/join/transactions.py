@@ -18,6 +18,7 @@ from typing import Any
 
 from prometheus_client import Counter
 
+from stream.join.group import GROUP_FENCING, PRODUCER_FENCING, Fenced
 from stream.join.state import PendingOutput
 from stream.kafka.client_log import broker_back, quiet_logs
 from stream.kafka.retry import StuckCall, finish_within, is_transient, retrying
@@ -35,8 +36,14 @@ STUCK = Counter(
 class Transactions:
     """A worker's transactional producer and the retry rules around its transactions."""
 
-    def __init__(self, kafka: KafkaSettings, app_id: str, worker: int) -> None:
-        self.kafka, self.transactional_id = kafka, f"{app_id}-{worker}"
+    def __init__(
+        self, kafka: KafkaSettings, app_id: str, member: str, in_group: bool = False, timeout_s: float = 60.0
+    ) -> None:
+        """`member`: the worker's name (its index, or its name in a joiner group); `in_group`: the
+        consumer's group assigns the partitions, so a refused commit means they moved (`Fenced`);
+        `timeout_s`: how long the broker lets a transaction stay open."""
+        self.kafka, self.transactional_id, self.in_group = kafka, f"{app_id}-{member}", in_group
+        self.timeout_ms = round(timeout_s * 1000)
         self.producer = self._new_producer()
 
     def start(self) -> None:
@@ -70,6 +77,17 @@ class Transactions:
                 continue
             except KafkaException as exc:
                 error = exc.args[0]
+                if self.in_group and error.name() in GROUP_FENCING | PRODUCER_FENCING:
+                    # the group gave this worker's partitions away (or the broker timed its transaction
+                    # out): the chunk is not ours to commit; abort it and hand the partitions over
+                    log.warning(
+                        "join: %s: %s; this chunk is dropped and the partitions rejoined", self.transactional_id, error
+                    )
+                    if error.name() in GROUP_FENCING:
+                        self._leave_transaction()
+                    else:
+                        self._renew()
+                    raise Fenced(f"join: {self.transactional_id}: {error.name()}") from None
                 if error.fatal() or not (error.txn_requires_abort() or is_transient(exc)):
                     raise
                 if failures == 0:
@@ -109,7 +127,7 @@ class Transactions:
                 "linger.ms": 20,
                 "compression.type": "lz4",
                 "message.max.bytes": self.kafka.max_message_bytes,
-                "transaction.timeout.ms": 60_000,
+                "transaction.timeout.ms": self.timeout_ms,
                 **quiet_logs(),
             }
         )

@@ -20,11 +20,18 @@ class KafkaSettings:
     dlq_topic: str = "adstream.events.dlq"  # rejected lines, header "reason"
     partitions: int = at_least(1, 2)  # partitions of each topic when adstream creates it
     max_message_bytes: int = at_least(1 << 10, 4 << 20)  # topic max.message.bytes, producer and consumer limits
+    replication_factor: int = at_least(1, 1)  # copies of each partition of the topics adstream creates (3 on a cluster)
+    min_insync_replicas: int = at_least(1, 1)  # copies a write waits for (acks=all): 2 of 3 rides out one broker
 
     def __post_init__(self) -> None:
         check_fields(self, "kafka", StreamError)
         if not self.bootstrap or ":" not in self.bootstrap:
             raise StreamError(f"config kafka.bootstrap={self.bootstrap!r}: write host:port, e.g. 127.0.0.1:19092")
+        if self.min_insync_replicas > self.replication_factor:
+            raise StreamError(
+                f"config kafka.min_insync_replicas={self.min_insync_replicas} > replication_factor="
+                f"{self.replication_factor}: no write could succeed; lower it (2 of 3 on a cluster)"
+            )
 
     def scoped(self, prefix: str) -> KafkaSettings:
         """The same settings with topics of their own (`<prefix>.events`, ...), for tests and benchmarks."""

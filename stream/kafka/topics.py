@@ -17,10 +17,10 @@ def ensure_topics(kafka: KafkaSettings, timeout_s: float = 30.0) -> list[str]:
         existing = set(admin.list_topics(timeout=timeout_s).topics)
     except KafkaException as exc:
         raise StreamError(f"kafka at {kafka.bootstrap}: unreachable ({exc}); start it with `adstream up`") from None
-    config = {"max.message.bytes": str(kafka.max_message_bytes)}
+    config = {"max.message.bytes": str(kafka.max_message_bytes), "min.insync.replicas": str(kafka.min_insync_replicas)}
     wanted = [kafka.events_topic, kafka.batches_topic, kafka.dlq_topic, kafka.impressions_topic, kafka.clicks_topic]
     new = [
-        NewTopic(t, num_partitions=kafka.partitions, replication_factor=1, config=config)
+        NewTopic(t, num_partitions=kafka.partitions, replication_factor=kafka.replication_factor, config=config)
         for t in wanted
         if t not in existing
     ]

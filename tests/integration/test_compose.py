@@ -35,12 +35,16 @@ SERVING = "http://127.0.0.1:18000"
 MLFLOW = "http://127.0.0.1:15000"
 
 
-def compose(env_file: Path, *args: str, timeout_s: float = 600, check: bool = True) -> str:
-    """docker/podman/compose.sh on the test's project; its output (an assertion names a failure)."""
+def compose(
+    env_file: Path, *args: str, timeout_s: float = 600, check: bool = True, project: str = PROJECT, file: str = ""
+) -> str:
+    """docker/podman/compose.sh on the test's project (`file`: another compose file than
+    docker-compose.yml); its output (an assertion names a failure)."""
+    files = ["-f", file] if file else []
     result = subprocess.run(
-        [str(COMPOSE), "--env-file", str(env_file), *args],
+        [str(COMPOSE), *files, "--env-file", str(env_file), *args],
         cwd=ROOT,
-        env={**os.environ, "COMPOSE_PROJECT_NAME": PROJECT},
+        env={**os.environ, "COMPOSE_PROJECT_NAME": project},
         capture_output=True,
         text=True,
         timeout=timeout_s,
@@ -75,16 +79,21 @@ def until(what: str, check, timeout_s: float, every_s: float = 2.0):
     raise AssertionError(f"{what}: not within {timeout_s:.0f} s")
 
 
-@pytest.fixture(scope="module")
-def stack_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
-    """The compose stack up (project adstreamtest), its serving token from an env file; down -v after
-    (again, should the test have failed before its own)."""
+def require_engine() -> None:
+    """podman and docker-compose here, or the test fails (CI=true) or skips (elsewhere)."""
     for tool in ("podman", "docker-compose"):
         if shutil.which(tool) is None:
             message = f"{tool} is not installed: `make images` installs it (apt-get)"
             if os.environ.get("CI") == "true":
                 pytest.fail(message, pytrace=False)
             pytest.skip(message)
+
+
+@pytest.fixture(scope="module")
+def stack_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    """The compose stack up (project adstreamtest), its serving token from an env file; down -v after
+    (again, should the test have failed before its own)."""
+    require_engine()
     token = uuid.uuid4().hex
     env_file = tmp_path_factory.mktemp("compose") / ".env"
     env_file.write_text(f"ADSTREAM_SERVING_TOKEN={token}\n")

@@ -12,7 +12,7 @@ import os
 import random
 import signal
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
@@ -23,7 +23,7 @@ from stream.join.outputs import read_events
 from stream.join.policy import POLICIES
 from stream.kafka.partitioner import murmur2_partition
 from stream.kafka.topics import ensure_topics
-from stream.produce.clicks import interleave, split_clicks
+from stream.produce.clicks import Split, interleave, split_clicks
 from stream.produce.replay import ReplayRecord, replay
 from stream.produce.synthetic import SyntheticConfig, SyntheticCriteo
 from stream.settings import JoinSettings
@@ -74,6 +74,51 @@ def _joining(isolated, tmp_path, policy: str, **more):
     return replace(isolated, stream=replace(isolated.stream, join=join), trainer=learns)
 
 
+@dataclass(frozen=True)
+class LiveLog:
+    """Impressions with delayed clicks, generated, and the truth the joiner must find."""
+
+    events: list[dict]  # the labelled events the impressions come from
+    split: Split  # the impressions and their clicks (replay --clicks' split)
+    imp_ts: dict[str, int]  # impression id -> its time
+    in_window: set[str]  # the ids a click came for within the window: the positives
+    sentinels: list[dict]  # an impression per partition past every window: event time closes them all
+
+
+def live_log(
+    schema,
+    events: int,
+    seeds: tuple[int, int],
+    rate: float,
+    window_s: float,
+    lateness_s: float,
+    partitions: int = 2,
+) -> LiveLog:
+    """`events` impressions at `rate` a second of event time, with clicks after them (seeds:
+    the generator's, the split's), and their truth under a window of window_s."""
+    generated, _ = SyntheticCriteo(schema, SyntheticConfig(seed=seeds[0])).generate(events)
+    rng = np.random.default_rng(seeds[1])
+    split = split_clicks(event_table(generated, schema), schema, rng, event_rate=rate)
+    ids = [str(e["event_id"]) for e in generated]
+    imp_ts = dict(zip(ids, split.impressions.column("ts").to_pylist(), strict=True))
+    clicks = zip(split.click_ids, split.click_ts.tolist(), strict=True)
+    in_window = {k for k, t in clicks if t - imp_ts[k] <= window_s * 1000}
+    end = max(imp_ts.values()) + (window_s + lateness_s + 10) * 1000
+    sentinels: dict[int, dict] = {}
+    for n in range(100 * partitions):
+        key = f"sentinel-{n}"
+        sentinels.setdefault(murmur2_partition(key.encode(), partitions), {**generated[0], "event_id": key, "ts": end})
+    assert len(sentinels) == partitions
+    return LiveLog(generated, split, imp_ts, in_window, list(sentinels.values()))
+
+
+def sentinel_records(log: LiveLog, schema, kafka, partitions: int = 2) -> list:
+    """The sentinels' impressions, without clicks, as replay records."""
+    tail = split_clicks(event_table(log.sentinels, schema), schema, np.random.default_rng(0))
+    tail = replace(tail, click_ids=[], click_ts=np.zeros(0, np.int64))
+    return list(interleave([tail], schema, kafka.impressions_topic, kafka.clicks_topic, partitions))
+
+
 def _misrouted(records):
     """Every third click record and every fifth impression record on the other partition of two, as a
     producer with another partitioner would put them: the joiner moves them to their own."""
@@ -93,38 +138,22 @@ def test_the_joiner_through_five_sigkills_emits_every_impression_once_with_its_t
     config = _joining(isolated, tmp_path, policy, take_records=32)
     kafka = config.kafka
     ensure_topics(kafka)
-    generator = SyntheticCriteo(schema, SyntheticConfig(seed=11))
-    events, _ = generator.generate(3000)
-    split = split_clicks(event_table(events, schema), schema, np.random.default_rng(3), event_rate=RATE)
-    imp_ts = dict(zip([str(e["event_id"]) for e in events], split.impressions.column("ts").to_pylist(), strict=True))
-    # the truth: an impression is a positive iff a click came within the window
-    in_window = {k for k, t in zip(split.click_ids, split.click_ts.tolist(), strict=True) if t - imp_ts[k] <= 60_000}
-    # one sentinel impression per partition, past every window, so event time closes them all
-    end = max(imp_ts.values()) + (WINDOW_S + LATENESS_S + 10) * 1000
-    sentinels = {}
-    for n in range(100):
-        key = f"sentinel-{n}"
-        sentinels.setdefault(murmur2_partition(key.encode(), 2), {**events[0], "event_id": key, "ts": end})
-    assert len(sentinels) == 2
+    # the truth: an impression is a positive iff a click came within the window; one sentinel
+    # impression per partition, past every window, so event time closes them all
+    log = live_log(schema, 3000, (11, 3), RATE, WINDOW_S, LATENESS_S)
+    events, split, imp_ts, in_window, sentinels = log.events, log.split, log.imp_ts, log.in_window, log.sentinels
     bad = [
         ReplayRecord(b"b1", b'{"ts": 5, "I1": 3}', 1, None, kafka.impressions_topic),  # no id
         ReplayRecord(b"b2", b"not json", 1, None, kafka.impressions_topic),
         ReplayRecord(b"b3", b'{"event_id": "x", "ts": 5, "label": 1}', 1, None, kafka.impressions_topic),
         ReplayRecord(b"b4", b'{"impression_id": "x", "ts": "soon"}', 1, None, kafka.clicks_topic),
     ]
-    tail = split_clicks(event_table(list(sentinels.values()), schema), schema, np.random.default_rng(0))
     records = [
         *_misrouted(
             interleave([split], schema, kafka.impressions_topic, kafka.clicks_topic, 2, bundle=bundle, fmt=fmt)
         ),
         *bad,
-        *interleave(
-            [replace(tail, click_ids=[], click_ts=np.zeros(0, np.int64))],
-            schema,
-            kafka.impressions_topic,
-            kafka.clicks_topic,
-            2,
-        ),
+        *sentinel_records(log, schema, kafka),
     ]
     replay(records, kafka, progress=False)
 

@@ -1,0 +1,106 @@
+"""A joiner group on the real broker (`stream.join.assignment = "group"`): two joiner processes, each
+with its own state folder as on two machines, share the partitions through Kafka's consumer group
+while impressions and delayed clicks stream in. One is SIGKILLed (its partition moves to the other,
+whose state is rebuilt from the changelog; the dead one's open transaction is aborted, never
+committed); another is paused (SIGSTOP) past its session timeout and resumed (a zombie: what it had
+under way is refused and it rejoins). The labelled events are compared one by one with the
+generator's truth: none lost, none twice, every label right."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import threading
+import time
+from dataclasses import replace
+
+import pytest
+
+from stream.join.outputs import read_events
+from stream.kafka.topics import ensure_topics
+from stream.produce.clicks import interleave
+from stream.produce.replay import replay
+
+from .helpers import start_cli
+from .test_join import LATENESS_S, RATE, WINDOW_S, _consume, _joining, _misrouted, live_log, sentinel_records
+
+pytestmark = pytest.mark.integration
+SESSION_S, TRANSACTION_S = 6, 8
+
+
+def _member(config, tmp_path, name: str):
+    """A joiner of the group on a machine of its own: its own state folder and member name."""
+    join = replace(config.stream.join, state_dir=str(tmp_path / name / "state"), member=name)
+    (tmp_path / name).mkdir(exist_ok=True)
+    return start_cli(replace(config, stream=replace(config.stream, join=join)), tmp_path / name, "join")
+
+
+def test_a_joiner_group_through_a_kill_and_a_zombie_emits_every_impression_once_with_its_true_label(
+    isolated, tmp_path, schema
+):
+    config = _joining(
+        isolated,
+        tmp_path,
+        "window",
+        take_records=32,
+        assignment="group",
+        session_timeout_s=SESSION_S,
+        transaction_timeout_s=TRANSACTION_S,
+    )
+    kafka = config.kafka
+    ensure_topics(kafka)
+    log = live_log(schema, 4000, (17, 4), RATE, WINDOW_S, LATENESS_S)
+    events, split, imp_ts, in_window = log.events, log.split, log.imp_ts, log.in_window
+    records = list(_misrouted(interleave([split], schema, kafka.impressions_topic, kafka.clicks_topic, 2, 1, "json")))
+    records += sentinel_records(log, schema, kafka)
+
+    # the log arrives while the group works, ~70 s of it: every fault below lands mid-stream
+    feeding = threading.Thread(
+        target=replay, args=(records, kafka), kwargs={"rate": len(records) / 70, "progress": False}
+    )
+    feeding.start()
+    a, a_log = _member(config, tmp_path, "a")
+    b, b_log = _member(config, tmp_path, "b")
+    c = None
+    try:
+        time.sleep(6)  # both hold a partition and have committed chunks
+        assert a.poll() is None and b.poll() is None, a_log.read_text()[-2000:] + b_log.read_text()[-2000:]
+        os.killpg(a.pid, signal.SIGKILL)  # a dies mid-stream: b takes both partitions
+        a.wait()
+        time.sleep(SESSION_S + TRANSACTION_S + 6)
+        assert "restored from" in b_log.read_text(), b_log.read_text()[-3000:]
+        c, c_log = _member(config, tmp_path, "c")  # a new machine joins: the partitions are split again
+        time.sleep(6)
+        os.killpg(b.pid, signal.SIGSTOP)  # b stalls past its session timeout: c holds both meanwhile
+        time.sleep(SESSION_S + TRANSACTION_S + 6)
+        os.killpg(b.pid, signal.SIGCONT)  # the zombie wakes: what it had under way must not commit
+        feeding.join(120)
+        assert not feeding.is_alive()
+        expected = len(events)
+
+        def emitted(records: list) -> list[dict]:
+            return [e for r in records for e in read_events(r.value()) if not e["event_id"].startswith("sentinel-")]
+
+        _consume(kafka.bootstrap, kafka.events_topic, "check", lambda r: len(emitted(r)) >= expected, 240)
+        time.sleep(SESSION_S + 4)  # anything written twice would be there now: read it all again
+        out = emitted(_consume(kafka.bootstrap, kafka.events_topic, "check-all", lambda r: False, 8))
+        assert b.poll() is None and c.poll() is None, b_log.read_text()[-3000:] + c_log.read_text()[-3000:]
+    finally:
+        for proc in (a, b, c):
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGCONT)
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        feeding.join(60)
+    first = collections.Counter(e["event_id"] for e in out)
+    lost = set(imp_ts) - set(first)
+    twice = [k for k, v in first.items() if v > 1]
+    positives = {e["event_id"] for e in out if e["label"] == 1}
+    wrong = positives ^ in_window
+    assert (len(lost), len(twice), len(wrong)) == (0, 0, 0), (sorted(lost)[:5], twice[:5], sorted(wrong)[:5])
+    assert set(first) == set(imp_ts) and all(e["ts"] == imp_ts[e["event_id"]] for e in out)
+    # the partitions really moved: c was given partitions it had never held and rebuilt them too, and
+    # the zombie b lost its partitions while stopped and was given some again once awake
+    assert "restored from" in c_log.read_text(), c_log.read_text()[-3000:]
+    assert b_log.read_text().count("holds partitions") >= 4, b_log.read_text()[-3000:]
