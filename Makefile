@@ -20,7 +20,8 @@ test: setup images
 	$(BIN)/python -m pytest
 
 # the compose stack's images, built offline with podman (docker/images.sh: Debian's packages, PyPI,
-# Maven Central; each step cached); the compose test of `make test` runs them
+# Maven Central; each step cached), the cluster's PostgreSQL + HAProxy image too; the compose and cluster
+# tests of `make test` run them
 images: setup
 	bash docker/images.sh
 

@@ -8,4 +8,5 @@ partitions.py  each input partition in memory; the two inputs read in step (Inpu
 transactions.py  a chunk's outputs and offsets in one Kafka transaction
 reroute.py  records on another partition than their id's, carried to theirs
 joiner.py   the shell: a chunk of records -> the Cursor -> one RocksDB write -> one Kafka transaction
+group.py    joiners on several machines: Kafka's group assigns the partitions, a changelog carries the state
 """

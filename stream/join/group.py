@@ -24,6 +24,11 @@ Exactly once across moves, the design (KIP-447's):
   default): a restarted joiner fences its predecessor's open transaction at once; a dead joiner's
   is aborted by the broker after `transaction.timeout.ms`, and until then the changelog's last
   stable offset waits for it, so the new owner's restore does too (a recovery time of at most that).
+
+Not covered across joiners: a record that arrived on another partition than its id's is moved by
+the joiner holding that one (stream/join/reroute.py); when its own partition is held by another
+joiner, that joiner's watermark does not wait for it, so if the mover falls behind (dead, stalled)
+by more than the lateness allowance the record arrives late there. Produce by murmur2 (logged once).
 """
 
 from __future__ import annotations

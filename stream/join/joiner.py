@@ -137,7 +137,7 @@ class Joiner:
         )
         self.parts: dict[int, Partition] = {}  # the partitions this worker holds now
         self.inputs = Inputs(self.consumer, kafka, self.rules, self.parts)
-        self._warned_moves = False
+        self._warned_moves = self._warned_away = False
 
     def start(self) -> None:
         """Fence any earlier instance, finish what a crash left unsent, and assign the partitions
@@ -353,6 +353,16 @@ class Joiner:
                 topic,
             )
         target = self.parts.get(to)
+        if target is None and self.in_group and not self._warned_away:
+            self._warned_away = True
+            log.warning(
+                "join: %s moved to partition %d, which another joiner of the group holds: its watermark does not "
+                "wait for them, so if this joiner falls behind by more than stream.join.allowed_lateness_s of event "
+                "time they arrive late there (dropped, counted as late). With joiners on several machines, produce "
+                "by murmur2 (Java's default, librdkafka's murmur2_random)",
+                which,
+                to,
+            )
         if target is not None:
             oldest = min(m.ts for m in moved)
             held = target.holds.get(which)

@@ -23,7 +23,7 @@ from stream.produce.clicks import interleave
 from stream.produce.replay import replay
 
 from .helpers import start_cli
-from .test_join import LATENESS_S, RATE, WINDOW_S, _consume, _joining, _misrouted, live_log, sentinel_records
+from .test_join import LATENESS_S, RATE, WINDOW_S, _consume, _joining, live_log, sentinel_records
 
 pytestmark = pytest.mark.integration
 SESSION_S, TRANSACTION_S = 6, 8
@@ -52,7 +52,9 @@ def test_a_joiner_group_through_a_kill_and_a_zombie_emits_every_impression_once_
     ensure_topics(kafka)
     log = live_log(schema, 4000, (17, 4), RATE, WINDOW_S, LATENESS_S)
     events, split, imp_ts, in_window = log.events, log.split, log.imp_ts, log.in_window
-    records = list(_misrouted(interleave([split], schema, kafka.impressions_topic, kafka.clicks_topic, 2, 1, "json")))
+    # each record on its id's murmur2 partition, as a Java or murmur2_random producer puts it (a record
+    # moved across joiners does not hold the other joiner's watermark: README "More than one machine")
+    records = list(interleave([split], schema, kafka.impressions_topic, kafka.clicks_topic, 2, 1, "json"))
     records += sentinel_records(log, schema, kafka)
 
     # the log arrives while the group works, ~70 s of it: every fault below lands mid-stream
