@@ -43,6 +43,7 @@ from typing import Any
 from stream.errors import StreamError
 from stream.join.state import PartitionState
 from stream.kafka.settings import KafkaSettings
+from stream.kafka.topics import topic_config
 from stream.settings import JoinSettings
 
 log = logging.getLogger("adstream.join")
@@ -85,11 +86,7 @@ def ensure_changelog(kafka: KafkaSettings, join: JoinSettings, partitions: int, 
                 "stream.join.app_id"
             )
         return
-    config = {
-        "cleanup.policy": "compact",
-        "max.message.bytes": str(kafka.max_message_bytes),
-        "min.insync.replicas": str(kafka.min_insync_replicas),
-    }
+    config = {"cleanup.policy": "compact", **topic_config(kafka)}
     new = NewTopic(topic, num_partitions=partitions, replication_factor=kafka.replication_factor, config=config)
     try:
         admin.create_topics([new], operation_timeout=timeout_s)[topic].result()

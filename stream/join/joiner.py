@@ -142,7 +142,7 @@ class Joiner:
     def start(self) -> None:
         """Fence any earlier instance, finish what a crash left unsent, and assign the partitions
         (in a group: join it; partitions come and go in `_assigned` and `_revoked`)."""
-        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+        from confluent_kafka import TopicPartition
 
         self.transactions.start()  # aborts a predecessor's open transaction
         imp, clk = self.kafka.impressions_topic, self.kafka.clicks_topic
@@ -166,8 +166,7 @@ class Joiner:
             )
             if progress.chunk and behind:  # the last chunk's transaction did not commit: send it again
                 self._resend(part)
-            for topic, offset in ((imp, progress.impressions_offset), (clk, progress.clicks_offset)):
-                assignment.append(TopicPartition(topic, p, offset if offset >= 0 else OFFSET_BEGINNING))
+            assignment += self._positions(part)
         if any(part.touched for part in self.parts.values()):
             self._send()
         self.inputs.note_moved()  # holds a crash left unresolved: until the inputs' ends now
@@ -183,6 +182,16 @@ class Joiner:
         part.holds = {which: (ts, until) for which, ts, until in progress.holds}
         self.parts[p] = part
         return part
+
+    def _positions(self, part: Partition) -> list[Any]:
+        """Where the partition's two inputs are read from: its next offsets (none yet: the start)."""
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        imp, clk = self.kafka.impressions_topic, self.kafka.clicks_topic
+        return [
+            TopicPartition(topic, part.number, offset if offset >= 0 else OFFSET_BEGINNING)
+            for topic, offset in ((imp, part.impressions_offset), (clk, part.clicks_offset))
+        ]
 
     def _resend(self, part: Partition) -> None:
         part.outputs = part.state.pending_outputs()
@@ -206,7 +215,6 @@ class Joiner:
         """The group gave this worker these partitions (impressions p and clicks p together): each
         one's state as committed (kept, its last chunk sent again, or restored from the changelog),
         read on from its offsets."""
-        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
         imp, clk = self.kafka.impressions_topic, self.kafka.clicks_topic
         numbers = sorted({tp.partition for tp in assigned})
@@ -224,8 +232,7 @@ class Joiner:
             part = self._hold(p, state)
             if resend:
                 self._resend(part)
-            for topic, offset in ((imp, part.impressions_offset), (clk, part.clicks_offset)):
-                assignment.append(TopicPartition(topic, p, offset if offset >= 0 else OFFSET_BEGINNING))
+            assignment += self._positions(part)
         log.warning("join: %s holds partitions %s", self.transactions.transactional_id, numbers)
         if any(part.touched for part in self.parts.values()):
             self._send()

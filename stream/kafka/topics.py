@@ -17,7 +17,7 @@ def ensure_topics(kafka: KafkaSettings, timeout_s: float = 30.0) -> list[str]:
         existing = set(admin.list_topics(timeout=timeout_s).topics)
     except KafkaException as exc:
         raise StreamError(f"kafka at {kafka.bootstrap}: unreachable ({exc}); start it with `adstream up`") from None
-    config = {"max.message.bytes": str(kafka.max_message_bytes), "min.insync.replicas": str(kafka.min_insync_replicas)}
+    config = topic_config(kafka)
     wanted = [kafka.events_topic, kafka.batches_topic, kafka.dlq_topic, kafka.impressions_topic, kafka.clicks_topic]
     new = [
         NewTopic(t, num_partitions=kafka.partitions, replication_factor=kafka.replication_factor, config=config)
@@ -33,3 +33,8 @@ def ensure_topics(kafka: KafkaSettings, timeout_s: float = 30.0) -> list[str]:
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise StreamError(f"kafka: cannot create topic {topic}: {exc}") from None
     return [t.topic for t in new]
+
+
+def topic_config(kafka: KafkaSettings) -> dict[str, str]:
+    """The settings of a topic adstream creates: the message limit and the replicas a write waits for."""
+    return {"max.message.bytes": str(kafka.max_message_bytes), "min.insync.replicas": str(kafka.min_insync_replicas)}
