@@ -37,6 +37,29 @@ from trainer.trainer import Trainer
 REAL_BATCH = 64
 
 
+def _output_rates(records: list[RawRecord], schema: Schema, batch_events: int, max_bytes: int) -> dict[str, float]:
+    """What a take's outputs cost: the featurizer's plan (each source partition's events sorted by
+    (offset, row), cut per source partition, encoded and sized: outputs.py), beside the plain split
+    and encode it replaced, on the same takes of 64 records from 4 source partitions."""
+    from stream.featurizer.outputs import plan_outputs
+    from stream.formats.batch_codec import encode_batch
+
+    spread = [RawRecord(i % 4, i // 4, r.value) for i, r in enumerate(records)]
+    takes = [featurize_records(spread[i : i + 64], schema)[0] for i in range(0, len(spread), 64)]
+    events = sum(len(t) for t in takes)
+    start = time.perf_counter()
+    for take in takes:
+        [encode_batch(part) for part in take.split(batch_events)]
+    plain = _rate(events, time.perf_counter() - start)
+    start = time.perf_counter()
+    for take in takes:
+        plan_outputs(take, [], batch_events, max_bytes, 4)
+    return {
+        "encode_batches_events_per_s": plain,
+        "plan_outputs_events_per_s": _rate(events, time.perf_counter() - start),
+    }
+
+
 def criteo_files(criteo_dir: str | Path) -> list[Path]:
     """The real Criteo rows in time order: the 10k contiguous file first, then the samples."""
     return sorted(Path(criteo_dir).glob("*.txt"), key=lambda p: (not p.name.startswith("autoint"), p.name))
@@ -226,6 +249,7 @@ def run_pipeline_bench(
     start = time.perf_counter()
     feature_batches = [featurize_records([r], schema)[0] for r in arrow_records]
     result["featurize_events_per_s"] = _rate(events, time.perf_counter() - start)
+    result.update(_output_rates(arrow_records, schema, stream.batch_events, kafka.max_message_bytes))
     # ... and through the Faust worker on the broker
     result["faust_single_events_per_s"] = _faust_rate(kafka, stream, singles, events, log_dir, take_records=1024)
     many = list(synthetic_records(generator.generate(5 * events)[0], schema, bundle=1024, fmt="arrow"))

@@ -12,6 +12,8 @@ import numpy as np
 
 from stream.errors import StreamError
 
+ROW_BITS = 24  # bits of a source key (FeatureBatch.source_keys) for the row within a record
+
 
 @dataclass(frozen=True)
 class Event:
@@ -56,6 +58,9 @@ class FeatureBatch:
     event_ids   tuple[str] (n,)
     partitions  int32   (n,)          Kafka partition of the source record (-1: not from Kafka)
     offsets     int64   (n,)          Kafka offset of the source record (-1: not from Kafka)
+    rows        int32   (n,) or None  the event's place among its source record's featurized events; set
+                                      by the featurizer, which writes each source partition's events
+                                      in this (offset, row) order (source_keys); None: no such order
     schema_hash str                   the schema the ids were computed under
     lists       per list field: (starts int64 (n + 1,), ids int64 (total,)); event i's ids are
                 ids[starts[i]:starts[i + 1]], never empty (an empty list is the field's missing id)
@@ -71,6 +76,7 @@ class FeatureBatch:
     schema_hash: str
     lists: tuple[tuple[np.ndarray, np.ndarray], ...] = ()
     schema_name: str = ""  # the schema's name, so a reader of another schema can say which it was given
+    rows: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -113,6 +119,7 @@ class FeatureBatch:
             schema_hash=parts[0].schema_hash,
             lists=tuple(concat_lists([p.lists[j] for p in parts]) for j in range(len(parts[0].lists))),
             schema_name=parts[0].schema_name,
+            rows=None if any(p.rows is None for p in parts) else np.concatenate([p.rows for p in parts]),
         )
 
     def slice(self, start: int, end: int) -> FeatureBatch:
@@ -128,13 +135,49 @@ class FeatureBatch:
             schema_hash=self.schema_hash,
             lists=tuple(slice_list(starts, ids, start, min(end, len(self))) for starts, ids in self.lists),
             schema_name=self.schema_name,
+            rows=None if self.rows is None else self.rows[start:end],
         )
+
+    def select(self, index: np.ndarray) -> FeatureBatch:
+        """The events at `index` (int64 (k,)), in that order (copies)."""
+        return FeatureBatch(
+            labels=self.labels[index],
+            dense=self.dense[index],
+            ids=self.ids[index],
+            ts=self.ts[index],
+            event_ids=tuple(self.event_ids[i] for i in index.tolist()),
+            partitions=self.partitions[index],
+            offsets=self.offsets[index],
+            schema_hash=self.schema_hash,
+            lists=tuple(select_list(starts, ids, index) for starts, ids in self.lists),
+            schema_name=self.schema_name,
+            rows=None if self.rows is None else self.rows[index],
+        )
+
+    def source_keys(self) -> np.ndarray:
+        """int64 (n,): each event's place in its source partition, offset and row in one number
+        (offset << ROW_BITS | row), so that "already learned" is one comparison. Needs rows."""
+        if self.rows is None:
+            raise StreamError("FeatureBatch.source_keys: the batch has no rows (not written in source order)")
+        if len(self.rows) and int(self.rows.max()) >= 1 << ROW_BITS:
+            raise StreamError(f"FeatureBatch.source_keys: a record of over {1 << ROW_BITS} events")
+        return (self.offsets.astype(np.int64) << ROW_BITS) | self.rows.astype(np.int64)
 
     def split(self, size: int) -> list[FeatureBatch]:
         """Consecutive batches of at most `size` events (none if this one is empty)."""
         if size < 1:
             raise StreamError(f"FeatureBatch.split: size={size}; must be >= 1")
         return [self.slice(start, start + size) for start in range(0, len(self), size)]
+
+
+def select_list(starts: np.ndarray, ids: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Events `index` of one list field, as (starts from 0, ids)."""
+    lengths = (starts[1:] - starts[:-1])[index]
+    new_starts = np.zeros(len(index) + 1, np.int64)
+    np.cumsum(lengths, out=new_starts[1:])
+    # each kept event's ids: its old start + 0, 1, ... its length - 1
+    within = np.arange(int(new_starts[-1]), dtype=np.int64) - np.repeat(new_starts[:-1], lengths)
+    return new_starts, ids[np.repeat(starts[:-1][index], lengths) + within]
 
 
 def concat_lists(parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:

@@ -209,3 +209,20 @@ def test_a_resumed_replica_keeps_only_its_own_partitions_offsets(stream, tmp_pat
         again.resume(rank, 2)
         kept.append(again.main.offsets)
     assert kept == [{0: 6, 2: 4}, {1: 9}]
+
+
+def test_the_marks_of_what_was_learned_are_snapshotted_and_every_member_resumes_them(stream, tmp_path: Path):
+    """The newest source key learned per events-topic partition (trainer/replayed.py) goes into the
+    snapshot beside the offsets and comes back to every member on every rank, whole (a mark only
+    grows: a stale copy loses the group's max at the next snapshot)."""
+    schema, features = stream
+    settings = small(snapshot=SnapshotSettings(dir=str(tmp_path / "snapshots")))
+    members = Members(schema, settings)
+    for i, part in enumerate(features.split(128)[:3]):
+        members.learn_round(batch_from_features([part], {0: i + 1}, (), {2: 1000 + i, 5: 7}))
+    assert all(m.trainer.marks == {2: 1002, 5: 7} for m in members.members)
+    members.snapshot_round(Control(1), None, Commits(), 3 * 128)
+    for rank in (0, 1):
+        again = Members(schema, settings)
+        again.resume(rank, 2)
+        assert [m.trainer.marks for m in again.members] == [{2: 1002, 5: 7}] * len(again.members)

@@ -25,7 +25,7 @@ LIMIT = 64 << 10  # a small message limit: a 1024-event Criteo batch is ~280 KB
 
 def outputs_of(records: list[RawRecord], batch_events: int = 1024, limit: int = LIMIT):
     batch, rejected = featurize_isolating(records, SCHEMA)
-    return plan_outputs(batch, rejected, batch_events, limit)
+    return plan_outputs(batch, rejected, batch_events, limit, batch_partitions=4)
 
 
 def test_batches_are_cut_by_bytes_and_keep_every_event_once_in_order():

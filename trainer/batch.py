@@ -3,7 +3,8 @@
 labels float32 (B,), dense float32 (B, D), ids int64 numpy (B, F) (ids stay on the host: the
 store resolves them), lists: per list field (starts (B + 1,), ids) on the host, source_offsets:
 per batches-topic partition, the next offset to consume
-once this batch is learned.
+once this batch is learned; source_marks: per events-topic partition, the newest source key
+learned once it is (trainer/replayed.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Batch:
     records: tuple[tuple[int, int], ...] = ()  # (partition, offset) of each of those Kafka records
     lists: tuple[tuple[np.ndarray, np.ndarray], ...] = ()  # per list field: (starts (B + 1,), ids), host
     newest_ms: int = 0  # the newest event time in the batch (ms), for the freshness a model reports
+    source_marks: dict[int, int] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -43,6 +45,7 @@ class Batch:
             self.records,
             self.lists,
             self.newest_ms,
+            self.source_marks,
         )
 
 
@@ -50,6 +53,7 @@ def batch_from_features(
     parts: Sequence[FeatureBatch],
     source_offsets: dict[int, int] | None = None,
     records: tuple[tuple[int, int], ...] = (),
+    source_marks: dict[int, int] | None = None,
 ) -> Batch:
     """Concatenate stream batches into one training batch."""
     return Batch(
@@ -62,4 +66,5 @@ def batch_from_features(
         records=records,
         lists=tuple(concat_lists([p.lists[j] for p in parts]) for j in range(len(parts[0].lists))) if parts else (),
         newest_ms=max((int(p.ts.max()) for p in parts if len(p.ts)), default=0),
+        source_marks=dict(source_marks or {}),
     )

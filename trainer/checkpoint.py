@@ -65,11 +65,13 @@ class Checkpointer:
         extra: dict[str, object] | None = None,
         events: int | None = None,
         metrics: dict[str, float] | None = None,
+        marks: dict[int, int] | None = None,
     ) -> Manifest:
-        """The replica's state as a manifest; a group passes every replica's offsets, the job's
-        events and the group's metrics (metrics.merged_metrics)."""
+        """The replica's state as a manifest; a group passes every replica's offsets and marks, the
+        job's events and the group's metrics (metrics.merged_metrics)."""
         r = self.replica
         offsets = r.offsets if offsets is None else offsets
+        marks = r.marks if marks is None else marks
         return Manifest(
             schema_name=r.schema.name,
             schema_hash=r.schema.hash,
@@ -82,6 +84,7 @@ class Checkpointer:
             created_ms=int(time.time() * 1000),
             extra=dict(extra or {}),
             newest_event_ms=r.newest_event_ms,
+            marks={str(p): key for p, key in sorted(marks.items())},
         )
 
     @property
@@ -162,6 +165,7 @@ class Checkpointer:
         r.step = r.merged_step = snapshot.manifest.step
         r.events = snapshot.manifest.events
         r.offsets = {int(p): o for p, o in snapshot.manifest.offsets.items()}
+        r.marks = {int(p): key for p, key in snapshot.manifest.marks.items()}
         r.newest_event_ms = snapshot.manifest.newest_event_ms
         counted = read_metrics(path)
         if counted is not None:  # the metrics go on over the whole stream, not from the restart
@@ -177,20 +181,21 @@ class Checkpointer:
         extra: dict[str, object],
         publish: bool,
         publisher: Publisher | None,
+        marks: dict[int, int] | None = None,
     ) -> tuple[Path | None, str | None]:
         """As a group (a collective): rank 0 writes this replica's recovery snapshot of the group's
-        `offsets` and, when it `publish`es (the member that serves), the serving publication
-        (vectors only), which rank 0's `publisher` uploads and registers. With sharded rows every
-        rank of rank 0's node writes its own rows' file of both. The caller commits the offsets
-        once every member's snapshot is durable (trainer/members.py). Returns (recovery snapshot
-        path, registry version) on rank 0."""
+        `offsets` and `marks` (None: this replica's) and, when it `publish`es (the member that
+        serves), the serving publication (vectors only), which rank 0's `publisher` uploads and
+        registers. With sharded rows every rank of rank 0's node writes its own rows' file of both.
+        The caller commits the offsets once every member's snapshot is durable (trainer/members.py).
+        Returns (recovery snapshot path, registry version) on rank 0."""
         r, snapshot = self.replica, self.replica.settings.snapshot
         r.agree_before_base(control)
         counted = merged_metrics(r.metrics)  # every replica's counts: what the resumed job reports on from
         path = version = None
         if self.writes:
             extra = {"workers": control.world, "merge_every_steps": r.settings.group.merge_every_steps, **extra}
-            manifest = self.manifest(offsets, extra, events, counted.summary())  # one manifest for both artifacts
+            manifest = self.manifest(offsets, extra, events, counted.summary(), marks)  # one manifest for both
             path = self.save(snapshot.dir, manifest=manifest, metrics=counted)  # sharded: the node's collective
             if publish:  # sharded: the node's collective, publisher or not
                 publication = self.publish_to(Path(snapshot.dir) / PUBLICATIONS, manifest)
@@ -219,7 +224,7 @@ class Checkpointer:
         """Rank 0 sends serving the rows changed since the last publication and the dense weights,
         as the next delta of the current base (a member that does not serve passes no publisher: its
         changes are only forgotten, its base comes whole if it ever serves). `offsets`: every
-        replica's (Members.group_offsets; None: this replica's own). A failed write or upload is
+        replica's (Members.group_positions; None: this replica's own). A failed write or upload is
         logged, not fatal: the next publication is then a base. A collective."""
         r, folder_root = self.replica, Path(self.replica.settings.snapshot.dir) / DELTAS
         changes = r.changes_since_publication(control)  # with sharded rows: every rank's, on rank 0

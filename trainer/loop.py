@@ -129,7 +129,9 @@ def _run(
     members = Members(schema, settings)  # the trainer's own configuration and its challengers
     trainer = members.main
     resumed, state, run_id = members.resume(rank, world)
-    source = BatchSource(kafka, settings.group_id, schema.hash, rank, world, start_offsets=trainer.offsets)
+    source = BatchSource(
+        kafka, settings.group_id, schema.hash, rank, world, start_offsets=trainer.offsets, start_marks=trainer.marks
+    )
     learn_log = LearnLog(settings.learn_log, rank)
     schedule = Schedule(
         world, settings.group.merge_every_steps, settings.snapshot.every_steps, settings.log_every_steps,

@@ -37,6 +37,7 @@ from trainer.champion import (
 )
 from trainer.merge import MergeStats
 from trainer.metrics import ProgressiveMetrics, merged_summary
+from trainer.replayed import newest_marks
 from trainer.schedule import LoopState
 from trainer.settings import TrainerSettings
 from trainer.snapshot import MANIFEST, latest_snapshot
@@ -197,14 +198,16 @@ class Members:
         for the default member's newest and finds theirs beside it), the champion's publication;
         every replica then commits its offsets, once all are durable. (path of the default member's
         snapshot, registry version) on rank 0."""
-        offsets = self.group_offsets(control)
+        offsets, marks = self.group_positions(control)
         extra: dict[str, object] = {"champion": self.champion.name}
         if publisher is not None:
             extra["mlflow_run_id"] = publisher.run_id
         version = None
         for m in [*self.members[1:], self.members[0]]:
             serves = m is self.champion
-            path, published = m.trainer.checkpoints.base_round(control, events, offsets, extra, serves, publisher)
+            path, published = m.trainer.checkpoints.base_round(
+                control, events, offsets, extra, serves, publisher, marks
+            )
             version = published or version
             if serves:
                 self.served_snapshot = path
@@ -217,17 +220,19 @@ class Members:
     def delta_round(self, control: Control, publisher: Publisher | None, events: int) -> None:
         """The champion's next delta (with every replica's offsets, as a base: what serving says it
         learned up to); every other member forgets its changes (collectives all)."""
-        offsets = self.group_offsets(control)
+        offsets, _ = self.group_positions(control)
         for m in self.members:
             serves = publisher if m is self.champion else None
             m.trainer.checkpoints.delta_round(control, serves, events, {"champion": self.champion.name}, offsets)
 
-    def group_offsets(self, control: Control) -> dict[int, int]:
-        """Every replica's next batches offsets (they read disjoint partitions). A collective."""
+    def group_positions(self, control: Control) -> tuple[dict[int, int], dict[int, int]]:
+        """Every replica's next batches offsets (they read disjoint partitions) and the group's
+        marks (trainer/replayed.py: the newest per source partition). A collective."""
         offsets: dict[int, int] = {}
-        for part in control.gather(self.main.offsets):
+        gathered = control.gather((self.main.offsets, self.main.marks))
+        for part, _ in gathered:
             offsets.update(part)
-        return offsets
+        return offsets, newest_marks([marks for _, marks in gathered])
 
     def resume(self, rank: int, world: int = 1) -> tuple[Path | None, LoopState, str | None]:
         """Restore the default member's newest complete snapshot, if any, and every challenger's of
@@ -235,7 +240,8 @@ class Members:
         the champion it names serves again. Each replica keeps the offsets of its own partitions
         only (source.reads): the snapshot holds the whole group's, and one kept for another
         replica's partition would go stale and, gathered into the next snapshot, overwrite that
-        replica's. (its path, the loop's counters, its MLflow run)."""
+        replica's. The marks (trainer/replayed.py) are kept whole: they only grow, and the group's
+        are gathered as the newest of each. (its path, the loop's counters, its MLflow run)."""
         resumed = latest_snapshot(self.settings.snapshot.dir)
         if resumed is None:
             return None, LoopState(), None
@@ -248,7 +254,7 @@ class Members:
             else:
                 log.warning("challenger %r has no snapshot at %s: it starts afresh", m.name, path)
                 m.trainer.step = m.trainer.merged_step = main.step
-                m.trainer.events, m.trainer.offsets = main.events, dict(main.offsets)
+                m.trainer.events, m.trainer.offsets, m.trainer.marks = main.events, dict(main.offsets), dict(main.marks)
         for m in self.members:
             m.trainer.offsets = {p: o for p, o in m.trainer.offsets.items() if reads(rank, world, p)}
             if rank != 0:  # rank 0 carries the job's counts (events, the metrics' sums): the others add from zero

@@ -120,6 +120,7 @@ class Replica:
         self.step = 0
         self.events = 0
         self.offsets: dict[int, int] = {}  # partition -> next offset to consume, for the partitions learned here
+        self.marks: dict[int, int] = {}  # events-topic partition -> newest source key learned (trainer/replayed.py)
         self.newest_event_ms = 0  # the newest event time learned (ms); a group's is the max over replicas
         self.train_seconds = 0.0  # time spent learning (not merging), for samples/s
         self.merge_seconds = 0.0
@@ -129,7 +130,7 @@ class Replica:
 
     def record(self, batch: Batch, probs: np.ndarray, started: float) -> None:
         """Count a learned batch: progressive metrics (each impression once, under fake negatives),
-        events, offsets, the newest event time."""
+        events, offsets and marks, the newest event time."""
         if self.final_labels is None or len(batch.event_ids) != len(batch):
             self.metrics.update(batch.labels.numpy(), probs)
         else:
@@ -141,6 +142,7 @@ class Replica:
                 self.metrics.update(final, first_probs)
         self.events += len(batch)
         self.offsets.update(batch.source_offsets)
+        self.marks.update(batch.source_marks)
         self.newest_event_ms = max(self.newest_event_ms, batch.newest_ms)
         if self.counted:
             STEPS.inc()

@@ -97,6 +97,7 @@ class Manifest:
     base_step: int = 0  # publications: the step of the base a delta applies to (a base: its own step)
     sequence: int = 0  # deltas: 1, 2, ... after their base, applied in this order; 0 for a base
     shards: int = 1  # files the rows are in: 1 (EMBEDDINGS), or one per rank of a node with sharded rows
+    marks: dict[str, int] = field(default_factory=dict)  # events-topic partition -> newest source key learned
 
 
 @dataclass(frozen=True, eq=False)

@@ -3,8 +3,9 @@
 Replica r of a group of N reads the partitions p with p % N == r (a fixed share, logged), from
 the offsets of the snapshot it resumed from, else the group's committed offsets, else the start.
 Stream batches are never split, so the (partition, offset) records of a training batch say
-exactly which Kafka records it holds. Offsets are committed to Kafka only by `commit`, which the
-loop calls after the snapshot holding them is durable.
+exactly which Kafka records it holds. Events a featurizer wrote twice are dropped as they are
+handed out (trainer/replayed.py), against marks resumed with the offsets. Offsets are committed
+to Kafka only by `commit`, which the loop calls after the snapshot holding them is durable.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
+from prometheus_client import Counter
+
 from stream.errors import StreamError
 from stream.formats.batch_codec import decode_batch
 from stream.kafka.client_log import broker_back, quiet_logs
@@ -24,8 +27,10 @@ from stream.kafka.settings import KafkaSettings
 from stream.records import FeatureBatch
 from trainer.batch import Batch, batch_from_features
 from trainer.errors import TrainerError
+from trainer.replayed import unseen
 
 log = logging.getLogger("adstream.trainer")
+REPLAYED = Counter("adstream_trainer_replayed_events_total", "events dropped as learned before (written twice)")
 COMMIT_GIVE_UP_S = 60.0  # how long a refused offset commit is retried before it is left to the next snapshot
 
 
@@ -70,6 +75,7 @@ class BatchSource:
         rank: int = 0,
         world: int = 1,
         start_offsets: dict[int, int] | None = None,
+        start_marks: dict[int, int] | None = None,
     ) -> None:
         from confluent_kafka import Consumer, TopicPartition
 
@@ -108,6 +114,9 @@ class BatchSource:
             {p: starts[p] if starts[p] >= 0 else "start" for p in self.partitions},
         )
         self.position: dict[int, int] = {}  # partition -> next offset after what was handed out
+        self.marks = dict(start_marks or {})  # events-topic partition -> newest source key handed out
+        self.replayed = 0  # events dropped as handed out before (a featurizer wrote them twice)
+        self.dropping = False  # the last stream batch handed out had such events (one log line per stretch)
         self.fetched = {p: o for p, o in starts.items() if o >= 0}  # partition -> next offset to fetch
         self.queued: dict[int, deque[tuple[tuple[int, int], FeatureBatch | None]]] = {}  # read, not handed out
         self.outage = False  # a consumer error was logged and no record has come since
@@ -171,22 +180,44 @@ class BatchSource:
             while (taken := self._take(in_step=not idle)) is not None:
                 (partition, offset), part = taken
                 self.position[partition] = offset + 1
-                if part is None:  # a record skipped (logged when read): only the position moves
+                if part is not None:
+                    part = self._unseen(part, partition, offset)
+                if part is None:  # a record skipped (logged when read) or all seen: only the position moves
                     continue
                 parts.append(part)
                 records.append((partition, offset))
                 rows += len(part)
                 if rows >= batch_size:
-                    yield batch_from_features(parts, self.position, tuple(records))
+                    yield batch_from_features(parts, self.position, tuple(records), self.marks)
                     parts, records, rows = [], [], 0
                     last_data = max(last_data, time.monotonic())  # idle counts time spent waiting here only
             if idle:
                 if parts:
-                    yield batch_from_features(parts, self.position, tuple(records))
+                    yield batch_from_features(parts, self.position, tuple(records), self.marks)
                     parts, records, rows = [], [], 0
                 else:
                     yield None
                 last_data = time.monotonic()
+
+    def _unseen(self, part: FeatureBatch, partition: int, offset: int) -> FeatureBatch | None:
+        """`part` without the events handed out before (None if none is left); counted, and logged
+        once per stretch of drops."""
+        fresh, self.marks = unseen(part, self.marks)
+        dropped = len(part) - len(fresh)
+        if dropped:
+            if not self.dropping:
+                log.warning(
+                    "batches %s:%s: %d of %d events were learned before (a featurizer wrote them twice, e.g. "
+                    "after a worker died); dropped, as are the next such",
+                    partition,
+                    offset,
+                    dropped,
+                    len(part),
+                )
+            REPLAYED.inc(dropped)
+            self.replayed += dropped
+        self.dropping = dropped > 0
+        return fresh if len(fresh) else None
 
     def _read(self, messages: list) -> None:
         """Decode fetched records into their partition's queue; an undecodable record or one of

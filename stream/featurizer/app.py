@@ -41,8 +41,11 @@ BATCHES_WRITTEN = Counter("adstream_stream_batches_total", "Arrow batches writte
 EXIT_CANNOT_WRITE = 70  # the worker's exit status when an output cannot be written (EX_SOFTWARE)
 
 
-def build_app(kafka: KafkaSettings, settings: StreamSettings) -> faust.App:
+def build_app(kafka: KafkaSettings, settings: StreamSettings, batch_partitions: int | None = None) -> faust.App:
+    """The featurizer's Faust app; `batch_partitions`: the batches topic's partition count (each
+    source partition's events go to one of them, outputs.py), kafka.partitions when not given."""
     schema = load_schema(settings.schema)
+    batch_partitions = batch_partitions or kafka.partitions
     Path(FAUST_DIR).mkdir(parents=True, exist_ok=True)  # Faust makes its own folder, not the parents
     app = faust.App(
         settings.app_id,
@@ -80,7 +83,9 @@ def build_app(kafka: KafkaSettings, settings: StreamSettings) -> faust.App:
             try:
                 records = [RawRecord(e.message.partition, e.message.offset, e.value or b"") for e in events]
                 batch, rejected = featurize_isolating(records, schema)  # a crash costs only its own record
-                outputs = plan_outputs(batch, rejected, settings.batch_events, kafka.max_message_bytes)
+                outputs = plan_outputs(
+                    batch, rejected, settings.batch_events, kafka.max_message_bytes, batch_partitions
+                )
                 await deliver(outputs, topics)
             except Exception:  # a bug, or a write Kafka refuses for good: stop before anything is acknowledged
                 give_up(f"featurizing the records at {_where(events)}")
@@ -112,19 +117,36 @@ def say_all_rejected(rejected: list[Rejected], schema: Schema, dlq_topic: str) -
 async def deliver(outputs: list[Output], topics: dict[str, faust.TopicT]) -> None:
     """Write every output and wait until the broker has each one. A transient error (the broker
     away, a delivery timed out) sends the failed ones again with backoff, for as long as it takes
-    (logged once; duplicates are possible, losses are not); any other error is raised."""
+    (logged once; duplicates are possible, losses are not); any other error is raised.
+
+    The batches of a partition must land in the order given (outputs.py: the trainer drops what is
+    not past the newest event it learned). The producer keeps that order for what it sends (one
+    request in flight per partition, a retried one first); a send refused before it left (no
+    metadata yet, a full buffer) holds back the rest of its partition to the next round."""
     pending, backoff, failures = outputs, 0.5, 0
     while pending:
         sent: list[Awaitable[Any] | Exception] = []
+        held: set[tuple[str, int]] = set()  # partitions with an output refused before it left
         for output in pending:
+            lane = (output.topic, output.partition)
+            if output.partition is not None and lane in held:
+                sent.append(HeldBack(f"behind a refused write to {output.topic} partition {output.partition}"))
+                continue
             try:
-                sent.append(await topics[output.topic].send(key=output.key, value=output.value, headers=output.headers))
+                topic = topics[output.topic]
+                sent.append(
+                    await topic.send(
+                        key=output.key, value=output.value, headers=output.headers, partition=output.partition
+                    )
+                )
             except Exception as exc:  # refused before sending (a full buffer, no metadata yet)
                 sent.append(exc)
+                if output.partition is not None:
+                    held.add(lane)  # type: ignore[arg-type]
         errors = await asyncio.gather(*(_failure(s) for s in sent))  # all in flight at once, then awaited
         failed = [(o, e) for o, e in zip(pending, errors) if e is not None]
         for _, error in failed:
-            if not is_transient(error):
+            if not isinstance(error, HeldBack) and not is_transient(error):
                 raise error
         if failed and failures == 0:
             log.warning("kafka: %d record(s) not written yet (%s); retrying until they are", len(failed), failed[0][1])
@@ -135,6 +157,10 @@ async def deliver(outputs: list[Output], topics: dict[str, faust.TopicT]) -> Non
         elif failures:
             log.warning("kafka: written after %d retries", failures)
         pending = [o for o, _ in failed]
+
+
+class HeldBack(Exception):
+    """An output not sent this round: an earlier one of its partition was refused (order is kept)."""
 
 
 async def _failure(sent: Awaitable[Any] | Exception) -> Exception | None:
@@ -168,13 +194,13 @@ def run_worker(kafka: KafkaSettings, settings: StreamSettings, loglevel: str = "
     """Run the Faust worker in the foreground until SIGINT/SIGTERM."""
     import mode.loop
 
-    from stream.kafka.topics import ensure_topics
+    from stream.kafka.topics import ensure_topics, partition_count
 
     # uvloop runs asyncio's own machinery (futures, handles, the selector: a fifth of the worker's
     # time with one event per record) in C; it must be chosen before Faust makes its loop
     mode.loop.use("uvloop")
     ensure_topics(kafka)
-    app = build_app(kafka, settings)
+    app = build_app(kafka, settings, partition_count(kafka, kafka.batches_topic))
     serve_metrics(settings.metrics_port, settings.metrics_host, "stream.metrics_port")
     worker = faust.Worker(app, loglevel=loglevel, quiet=True)
     if not sys.stdout.isatty():  # its start-up spinner writes cursor codes into a log file

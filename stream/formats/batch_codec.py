@@ -1,9 +1,11 @@
 """FeatureBatch <-> Arrow IPC stream bytes (one record batch), the value of `adstream.batches`.
 
 Columns: label f32, dense fixed_list<f32>[D], ids fixed_list<i64>[F], ts i64, event_id str,
-partition i32, offset i64. Schema metadata carries the schema hash, a format version and the two
-widths (Arrow has no fixed list of size 0: a schema without dense fields sends a null column).
-List fields follow as list<i64> columns `list0`, `list1`, ... (their offsets are the starts).
+partition i32, offset i64, then row i32 when the batch has rows (FeatureBatch.rows: written by
+the featurizer in source order; a batch without the column has none). Schema metadata carries the
+schema hash, a format version and the two widths (Arrow has no fixed list of size 0: a schema
+without dense fields sends a null column). List fields follow as list<i64> columns `list0`,
+`list1`, ... (their offsets are the starts).
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ def encode_batch(batch: FeatureBatch) -> bytes:
         pa.array(batch.offsets, type=pa.int64()),
     ]
     names = ["label", "dense", "ids", "ts", "event_id", "partition", "offset"]
+    if batch.rows is not None:
+        columns.append(pa.array(batch.rows, type=pa.int32()))
+        names.append("row")
     for j, (starts, ids) in enumerate(batch.lists):
         columns.append(pa.ListArray.from_arrays(pa.array(starts, pa.int32()), pa.array(ids, pa.int64())))
         names.append(f"list{j}")
@@ -89,6 +94,7 @@ def decode_batch(data: bytes) -> FeatureBatch:
         schema_hash=meta[b"schema_hash"].decode(),
         schema_name=meta.get(b"schema_name", b"").decode(),  # (batches written before it was carried: "")
         lists=tuple(_list(table.column(name)) for name in table.column_names if name.startswith("list")),
+        rows=table.column("row").to_numpy().astype(np.int32, copy=False) if "row" in table.column_names else None,
     )
 
 

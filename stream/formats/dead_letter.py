@@ -23,6 +23,7 @@ class Output:
     value: bytes
     headers: dict[str, bytes]
     events: int  # events in a batch (0 for a dead letter)
+    partition: int | None = None  # the topic's partition to write to (None: the key's hash decides)
 
     @property
     def size(self) -> int:

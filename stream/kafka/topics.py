@@ -35,6 +35,22 @@ def ensure_topics(kafka: KafkaSettings, timeout_s: float = 30.0) -> list[str]:
     return [t.topic for t in new]
 
 
+def partition_count(kafka: KafkaSettings, topic: str, timeout_s: float = 30.0) -> int:
+    """How many partitions `topic` has on the broker (it may have been made with another count than
+    kafka.partitions)."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        metadata = AdminClient({"bootstrap.servers": kafka.bootstrap}).list_topics(topic, timeout=timeout_s)
+    except KafkaException as exc:
+        raise StreamError(f"kafka at {kafka.bootstrap}: unreachable ({exc}); start it with `adstream up`") from None
+    found = metadata.topics.get(topic)
+    if found is None or found.error is not None or not found.partitions:
+        raise StreamError(f"kafka at {kafka.bootstrap}: topic {topic} not found ({found and found.error})")
+    return len(found.partitions)
+
+
 def topic_config(kafka: KafkaSettings) -> dict[str, str]:
     """The settings of a topic adstream creates: the message limit and the replicas a write waits for."""
     return {"max.message.bytes": str(kafka.max_message_bytes), "min.insync.replicas": str(kafka.min_insync_replicas)}
