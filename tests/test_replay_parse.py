@@ -109,7 +109,7 @@ def test_an_avazu_csv_replays_with_no_code_but_its_schema(tmp_path):
     event = decode_event(good[0].value, schema)
     assert event.event_id == "10000000000000000000" and event.ts == 1413849600000  # 14102100: 2014-10-21 00h
     assert event.cats[schema.categorical_fields.index("site_id")].startswith("site")
-    batch, rejected = featurize_records([RawRecord(0, 0, r.value) for r in good], schema)
+    batch, rejected = featurize_records([RawRecord(0, i, r.value) for i, r in enumerate(good)], schema)
     assert len(batch) == 48 and not rejected and batch.dense.shape == (48, 0)
 
 

@@ -170,13 +170,13 @@ def _run(
                     # (no snapshot forced: its merge would be a sync point no step count decides)
                     if members.review(control, state.events, publisher) and publisher is not None:
                         publisher.forget_base()
-                    out.merged = _report(members, control, publisher)
+                    out.merged = _report(members, control, publisher, source.replayed)
                     auc = out.merged["progressive_auc"]
                     info = f"step {trainer.step} events {state.events} auc {auc:.4f} serving {members.champion.slug}"
                     bar.update(task, info=info)
                 if act.stop:
                     break
-        out.merged = _report(members, control, publisher)
+        out.merged = _report(members, control, publisher, source.replayed)
         if publisher is not None:
             publisher.finish()
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli: cmd_train): stopped by its operator
@@ -344,8 +344,9 @@ def _merge(members: Members) -> None:
         log.info("merge at step %d: %d rows, %d bytes, %.3fs", trainer.step, stats.rows, stats.bytes, stats.seconds)
 
 
-def _report(members: Members, control: Control, publisher: Publisher | None) -> dict[str, float]:
-    """Metrics to Prometheus (every replica) and MLflow (rank 0), every member's too. Returns the
+def _report(members: Members, control: Control, publisher: Publisher | None, replayed: int = 0) -> dict[str, float]:
+    """Metrics to Prometheus (every replica) and MLflow (rank 0), every member's too; `replayed`:
+    the events this replica's source dropped as written twice (trainer/replayed.py). Returns the
     merged summary of the default member."""
     trainer = members.main
     of_members = members.metrics(control) if len(members.names) > 1 else {}
@@ -355,6 +356,7 @@ def _report(members: Members, control: Control, publisher: Publisher | None) -> 
         "samples_per_s": trainer.events / members.learn_seconds if members.learn_seconds else 0.0,  # every member's
         "merge_bytes": float(trainer.bytes_sent),
         "merge_seconds": trainer.merge_seconds,
+        "replayed_events": float(replayed),
     }
     everyone = control.gather(mine)
     AUC.set(merged["progressive_auc"])
@@ -367,6 +369,7 @@ def _report(members: Members, control: Control, publisher: Publisher | None) -> 
     if publisher is not None:
         metrics = {**mine, **merged, **store_stats, **of_members, "merges": float(trainer.merges)}
         metrics["merge_bytes"] = sum(m["merge_bytes"] for m in everyone)
+        metrics["replayed_events"] = sum(m["replayed_events"] for m in everyone)  # since this start
         if control.world > 1:
             metrics.update({f"rank{r}_{key}": value for r, m in enumerate(everyone) for key, value in m.items()})
         publisher.log_metrics(metrics, trainer.step)

@@ -8,10 +8,12 @@ do work the featurizer does not need:
   (record), suspend_flow.wait())`, a race between the delivery and a rebalance suspending the
   flow, run as two tasks and an asyncio.wait per record. A delivery normally finishes at once (it
   puts the event on the stream's queue without waiting), so while the consumer and the flow run
-  this consumer awaits the delivery alone; whenever the flow is suspended or being suspended it
-  keeps Faust's race. The hazard this leaves: a delivery that waits (a full stream buffer) while a
-  rebalance starts reaches the stream after it instead of being dropped; the stream is
-  at-least-once anyway, so that costs a duplicate at worst, never a lost event.
+  and no stream queue is full, this consumer awaits the delivery alone; otherwise it keeps Faust's
+  race. The race matters: a delivery that waited through a rebalance would reach the stream after
+  Faust cleared its queues, ahead of the records the rebalance sends again from the committed
+  offset; written ahead of older unwritten records of its partition, it would break the source
+  order the trainer's check relies on (stream/featurizer/outputs.py), and those older records would
+  be dropped there as seen.
 - the monitor: Faust's Monitor times and counts every message and event for its web pages, which
   the featurizer does not serve (its own counters go to Prometheus).
 
@@ -60,14 +62,17 @@ class Consumer(aiokafka.Consumer):
 
     def _delivering(self, second: Any) -> bool:
         """True for the fetch loop's race (its second coroutine waits on suspend_flow) while the
-        consumer and the flow run: nothing stopping, suspended or being suspended."""
+        consumer and the flow run (nothing stopping, suspended or being suspended) and the delivery
+        cannot wait (no stream queue full)."""
         frame = getattr(second, "cr_frame", None)
+        flow = self.app.flow_control
         return (
             frame is not None
             and frame.f_locals.get("self") is self.suspend_flow
             and not self.suspend_flow.is_set()
-            and self.app.flow_control.is_active()
+            and flow.is_active()
             and not self.should_stop
+            and not any(queue.full() for queue in flow._queues)
         )
 
 

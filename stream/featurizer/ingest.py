@@ -31,7 +31,9 @@ def featurize_records(records: Sequence[RawRecord], schema: Schema) -> tuple[Fea
     A record holds one JSON event, a bundle of newline-separated JSON events, or an Arrow bundle
     (see bundle.py). The JSON events of all the records are checked and featurized together
     (json_batch.py), then the Arrow bundles'. The Faust agent is a thin shell around this function.
+    A record given twice (the same partition and offset) is featurized once (once_each).
     """
+    records = once_each(records)
     parts: list[FeatureBatch] = []
     objs: list[object] = []
     lines: list[bytes] = []
@@ -72,6 +74,22 @@ def featurize_records(records: Sequence[RawRecord], schema: Schema) -> tuple[Fea
             schema.num_dense, schema.num_sparse, schema.hash, len(schema.list_fields), schema.name
         ), rejected
     return FeatureBatch.concat(parts), rejected
+
+
+def once_each(records: Sequence[RawRecord]) -> Sequence[RawRecord]:
+    """The records, each (partition, offset) once, the first time it comes. Faust can hand one take
+    the same record twice (a rebalance seeks a partition back to its committed offset while records
+    past it are still in the take); featurized twice, its events would be numbered twice over as
+    rows of one record (outputs.in_source_order) and so pass the trainer's check as new events."""
+    seen = {(r.partition, r.offset) for r in records}
+    if len(seen) == len(records):
+        return records
+    out, seen = [], set()
+    for r in records:
+        if (r.partition, r.offset) not in seen:
+            seen.add((r.partition, r.offset))
+            out.append(r)
+    return out
 
 
 def unparsed_lines(record: RawRecord, lines: int, unparsed: Sequence[tuple[int, bytes, Exception]]) -> Rejected:

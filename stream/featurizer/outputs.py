@@ -63,7 +63,7 @@ def in_source_order(batch: FeatureBatch) -> FeatureBatch:
     """The events sorted by (source partition, offset), a record's events kept in their order, each
     numbered by its place among its record's featurized events (rows). Featurizing is a pure function
     of a record's bytes, so a record featurized again gets the same rows: (partition, offset, row)
-    names an event for good."""
+    names an event for good. Each record's events must come once (featurize_records sees to it)."""
     order = np.lexsort((batch.offsets, batch.partitions))  # stable: a record's events keep their order
     partitions, offsets = batch.partitions[order], batch.offsets[order]
     first = np.ones(len(order), bool)  # the first event of each record

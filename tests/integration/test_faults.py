@@ -128,33 +128,38 @@ def test_featurizer_and_trainer_carry_on_through_a_broker_kill(isolated, tmp_pat
 
 
 def test_a_featurizer_killed_before_its_commit_costs_the_trainer_nothing(isolated, tmp_path):
-    """SIGKILL the featurizer as its first batches land, before Faust commits their offsets: the
-    restarted worker featurizes those records again, so the batches topic holds them twice (counted:
-    the test needs some). The trainer's source learns every event once, and so does a source that
-    resumes halfway with the offsets and marks the first one reached (as a restored snapshot has them)."""
+    """Two featurizer workers of one app; SIGKILL one as the first batches land, before Faust commits
+    their offsets, and start it again: the records it wrote are featurized again (by the other
+    worker, or itself once back, from the committed offsets; the rebalances seek the survivor back
+    too), so the batches topic holds some twice (counted: the test needs some). The trainer's source
+    learns every event once, and so does a source that resumes halfway with the offsets and marks
+    the first one reached (as a restored snapshot has them)."""
     from trainer.source import BatchSource
 
     schema = load_schema()
     kafka = isolated.kafka
     ensure_topics(kafka)
-    events, _ = SyntheticCriteo(schema).generate(HALF)
-    assert replay(synthetic_records(events, schema, 20, "arrow"), kafka, progress=False).events == HALF
+    events, _ = SyntheticCriteo(schema).generate(2 * HALF)
+    assert replay(synthetic_records(events, schema, 20, "arrow"), kafka, progress=False).events == 2 * HALF
     config = replace(isolated, stream=replace(isolated.stream, take_records=50))  # takes of 1,000 events
-    worker, log = start_cli(config, tmp_path, "stream")
+    workers = {name: start_cli(config, _folder(tmp_path / name), "stream") for name in ("a", "b")}
     try:
         deadline = time.monotonic() + 120
-        while batch_records(kafka) == 0 and time.monotonic() < deadline and worker.poll() is None:
-            time.sleep(0.05)
-        worker.send_signal(signal.SIGKILL)  # its takes just written, their offsets not yet committed
-        worker.wait(30)
-        (tmp_path / "again").mkdir()
-        worker, log = start_cli(config, tmp_path / "again", "stream")
-        batches = [decode_batch(m.value()) for m in wait_for_batches(kafka, HALF, 180)]
+        while batch_partitions_written(kafka) < kafka.partitions and time.monotonic() < deadline:
+            time.sleep(0.02)  # every batches partition has a batch: both workers have written
+        workers["a"][0].send_signal(signal.SIGKILL)  # its takes just written, their offsets not yet committed
+        workers["a"][0].wait(30)
+        time.sleep(3)
+        workers["a"] = start_cli(config, _folder(tmp_path / "a-again"), "stream")
+        wait_for_batches(kafka, 2 * HALF, 240)
     finally:
-        stop_process(worker)
+        for worker, _ in workers.values():
+            stop_process(worker)
+    batches = [decode_batch(m.value()) for m in all_batches(kafka)]  # the copies written after too
+    logs = "\n".join(log.read_text()[-2000:] for _, log in workers.values())
     written = [e for b in batches for e in b.event_ids]
-    assert set(written) == {str(e[schema.event_id]) for e in events}, f"featurizer log:\n{log.read_text()[-3000:]}"
-    assert len(written) > HALF, "the kill came after the commit: nothing was written twice, nothing tested"
+    assert set(written) == {str(e[schema.event_id]) for e in events}, f"featurizer logs:\n{logs}"
+    assert len(written) > 2 * HALF, "the kill came after the commit: nothing was written twice, nothing tested"
 
     def learn(source: BatchSource, stop_after: int | None = None) -> list[str]:
         out: list[str] = []
@@ -171,17 +176,42 @@ def test_a_featurizer_killed_before_its_commit_costs_the_trainer_nothing(isolate
 
     group = f"{isolated.trainer.group_id}-replayed"
     alone = BatchSource(kafka, group, schema.hash)
-    assert sorted(learn(alone)) == sorted(set(written)) and alone.replayed == len(written) - HALF
+    assert sorted(learn(alone)) == sorted(set(written)) and alone.replayed == len(written) - 2 * HALF
     first = BatchSource(kafka, f"{group}-1", schema.hash)
-    head = learn(first, stop_after=HALF // 2)
+    head = learn(first, stop_after=HALF)
     then = BatchSource(kafka, f"{group}-2", schema.hash, start_offsets=first.position, start_marks=first.marks)
     tail = learn(then)
     assert sorted(head + tail) == sorted(set(written))  # every event once across the resume
 
 
-def batch_records(kafka) -> int:
-    """Records on the batches topic: the sum of its partitions' high watermarks."""
-    return topic_size(kafka, kafka.batches_topic)
+def _folder(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def batch_ends(kafka) -> list[int]:
+    """Each batches partition's end (high watermark)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": f"size-{uuid.uuid4().hex[:6]}"})
+    try:
+        return [
+            consumer.get_watermark_offsets(TopicPartition(kafka.batches_topic, p), timeout=30)[1]
+            for p in range(kafka.partitions)
+        ]
+    finally:
+        consumer.close()
+
+
+def batch_partitions_written(kafka) -> int:
+    """Partitions of the batches topic that hold a record."""
+    return sum(end > 0 for end in batch_ends(kafka))
+
+
+def all_batches(kafka) -> list:
+    """Every record on the batches topic (written outside transactions: one offset per record)."""
+    total = sum(batch_ends(kafka))
+    return drain(kafka.bootstrap, kafka.batches_topic, lambda m: len(m) >= total, 60, f"all-{uuid.uuid4().hex[:6]}")
 
 
 def wait_for_batches(kafka, events: int, timeout_s: float) -> list:
@@ -194,14 +224,14 @@ def wait_for_batches(kafka, events: int, timeout_s: float) -> list:
     return drain(kafka.bootstrap, kafka.batches_topic, lambda m: distinct(m) >= events, timeout_s, group)
 
 
-def topic_size(kafka, topic: str = "") -> int:
-    """Records in the events topic (or `topic`): the sum of its partitions' high watermarks."""
+def topic_size(kafka) -> int:
+    """Records in the events topic: the sum of its partitions' high watermarks."""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": f"size-{uuid.uuid4().hex[:6]}"})
     try:
         return sum(
-            consumer.get_watermark_offsets(TopicPartition(topic or kafka.events_topic, p), timeout=30)[1]
+            consumer.get_watermark_offsets(TopicPartition(kafka.events_topic, p), timeout=30)[1]
             for p in range(kafka.partitions)
         )
     finally:
