@@ -49,7 +49,8 @@ def _output_rates(records: list[RawRecord], schema: Schema, batch_events: int, m
     events = sum(len(t) for t in takes)
     start = time.perf_counter()
     for take in takes:
-        [encode_batch(part) for part in take.split(batch_events)]
+        for part in take.split(batch_events):
+            encode_batch(part)
     plain = _rate(events, time.perf_counter() - start)
     start = time.perf_counter()
     for take in takes:

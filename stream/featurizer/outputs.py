@@ -65,13 +65,14 @@ def in_source_order(batch: FeatureBatch) -> FeatureBatch:
     of a record's bytes, so a record featurized again gets the same rows: (partition, offset, row)
     names an event for good. Each record's events must come once (featurize_records sees to it)."""
     order = np.lexsort((batch.offsets, batch.partitions))  # stable: a record's events keep their order
-    partitions, offsets = batch.partitions[order], batch.offsets[order]
-    first = np.ones(len(order), bool)  # the first event of each record
+    if not (order[1:] > order[:-1]).all():  # (the usual take is sorted already: no copy)
+        batch = batch.select(order)
+    partitions, offsets = batch.partitions, batch.offsets
+    first = np.ones(len(batch), bool)  # the first event of each record
     first[1:] = (partitions[1:] != partitions[:-1]) | (offsets[1:] != offsets[:-1])
     record_start = np.flatnonzero(first)[np.cumsum(first) - 1]
-    rows = (np.arange(len(order)) - record_start).astype(np.int32)
-    in_order = bool((order[1:] > order[:-1]).all())  # the usual take: already sorted, no copy
-    return replace(batch if in_order else batch.select(order), rows=rows)
+    rows = (np.arange(len(batch)) - record_start).astype(np.int32)
+    return replace(batch, rows=rows)
 
 
 def by_source_partition(batch: FeatureBatch) -> list[FeatureBatch]:

@@ -25,6 +25,11 @@ Exactly once across moves, the design (KIP-447's):
   is aborted by the broker after `transaction.timeout.ms`, and until then the changelog's last
   stable offset waits for it, so the new owner's restore does too (a recovery time of at most that).
 
+A partition given back to a joiner that had paused it (impressions running ahead of the clicks,
+stream/join/partitions.py) is resumed as it is assigned: librdkafka keeps a pause through a
+rebalance, and the partition's fresh in-memory state says it is not paused (a CI run of the cluster
+lost two partitions' negatives so: their watermark never moved again).
+
 Not covered across joiners: a record that arrived on another partition than its id's is moved by
 the joiner holding that one (stream/join/reroute.py); when its own partition is held by another
 joiner, that joiner's watermark does not wait for it, so if the mover falls behind (dead, stalled)

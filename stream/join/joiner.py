@@ -59,7 +59,7 @@ from stream.formats.dead_letter import RECORD_OVERHEAD, dead_letter
 from stream.join.group import Fenced, changelog_topic, committed_tokens, ensure_changelog, member_name, open_state
 from stream.join.inputs import ClickFields, Read, read_record
 from stream.join.outputs import event_records
-from stream.join.partitions import NEVER, Inputs, Partition, worker_partitions
+from stream.join.partitions import NEVER, Inputs, Partition, assign_fetching, worker_partitions
 from stream.join.policy import Click, Cursor, Emission, Impression, JoinRules, join_rules, payload_kept_ms
 from stream.join.reroute import moved_value, split_by_home
 from stream.join.state import PartitionState, PendingOutput, Progress
@@ -237,7 +237,7 @@ class Joiner:
         if any(part.touched for part in self.parts.values()):
             self._send()
         self.inputs.note_moved()
-        consumer.assign(assignment)
+        assign_fetching(consumer, assignment)  # (a partition paused before it was revoked: fetched again)
 
     def _revoked(self, consumer: Any, revoked: list[Any]) -> None:
         """The group takes this worker's partitions (to give them out again): their states closed.

@@ -64,6 +64,15 @@ def worker_partitions(consumer: Any, kafka: KafkaSettings, worker: int, workers:
     return [p for p in range(counts[0]) if p % workers == worker], counts[0], len(events.partitions)
 
 
+def assign_fetching(consumer: Any, assignment: list[Any]) -> None:
+    """Assign `assignment` (TopicPartitions at their next offsets), every partition of it fetched.
+    librdkafka keeps a partition's pause through a rebalance: one this worker paused (`Inputs.align`)
+    and then lost and got back would never be fetched again, while the new `Partition` says it is not
+    paused, so nothing resumes it (its watermark, and with it every window of the worker, would stop)."""
+    consumer.assign(assignment)
+    consumer.resume(assignment)
+
+
 class Inputs:
     """The worker's impressions and clicks partitions as its consumer reads them."""
 

@@ -12,7 +12,8 @@ featurizer is at-least-once, what it wrote twice is counted and reported), every
 (the served model's event count = the batches' distinct events: the trainer drops a second copy,
 trainer/replayed.py), and the requests the proxy failed.
 Then a backlog times the cluster's throughput. Figures go to `.state/cluster.json`
-(`ADSTREAM_CLUSTER_REPORT`).
+(`ADSTREAM_CLUSTER_REPORT`); every container's whole log to `compose.log` in the test's temporary
+folder (pytest keeps it where a test failed: /tmp/pytest-of-$USER/pytest-N/cluster0).
 
 Needs podman, docker-compose and the images: `make test` builds them first; under CI=true a missing
 engine fails the test."""
@@ -99,7 +100,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield token
     finally:
         if project_objects()["containers"]:
-            print(compose("logs", "--no-color", "--tail", "30", check=False)[-12000:])
+            # every container's whole log kept beside the run (pytest's basetemp outlives a CI clone)
+            logs = compose("logs", "--no-color", "--timestamps", check=False)
+            (ENV_FILE.parent / "compose.log").write_text(logs)
+            print(f"the cluster's logs: {ENV_FILE.parent / 'compose.log'}\n" + logs[-12000:])
         compose("down", "-v", "--timeout", "20", timeout_s=600, check=False)
     left = project_objects()
     assert left == {"containers": [], "volumes": [], "networks": []}, f"left behind: {left}"

@@ -189,15 +189,14 @@ def _folder(path: Path) -> Path:
     return path
 
 
-def batch_ends(kafka) -> list[int]:
-    """Each batches partition's end (high watermark)."""
+def topic_ends(kafka, topic: str) -> list[int]:
+    """Each partition's end (high watermark) of `topic`."""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": f"size-{uuid.uuid4().hex[:6]}"})
     try:
         return [
-            consumer.get_watermark_offsets(TopicPartition(kafka.batches_topic, p), timeout=30)[1]
-            for p in range(kafka.partitions)
+            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in range(kafka.partitions)
         ]
     finally:
         consumer.close()
@@ -205,12 +204,12 @@ def batch_ends(kafka) -> list[int]:
 
 def batch_partitions_written(kafka) -> int:
     """Partitions of the batches topic that hold a record."""
-    return sum(end > 0 for end in batch_ends(kafka))
+    return sum(end > 0 for end in topic_ends(kafka, kafka.batches_topic))
 
 
 def all_batches(kafka) -> list:
     """Every record on the batches topic (written outside transactions: one offset per record)."""
-    total = sum(batch_ends(kafka))
+    total = sum(topic_ends(kafka, kafka.batches_topic))
     return drain(kafka.bootstrap, kafka.batches_topic, lambda m: len(m) >= total, 60, f"all-{uuid.uuid4().hex[:6]}")
 
 
@@ -226,16 +225,7 @@ def wait_for_batches(kafka, events: int, timeout_s: float) -> list:
 
 def topic_size(kafka) -> int:
     """Records in the events topic: the sum of its partitions' high watermarks."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": f"size-{uuid.uuid4().hex[:6]}"})
-    try:
-        return sum(
-            consumer.get_watermark_offsets(TopicPartition(kafka.events_topic, p), timeout=30)[1]
-            for p in range(kafka.partitions)
-        )
-    finally:
-        consumer.close()
+    return sum(topic_ends(kafka, kafka.events_topic))
 
 
 def test_a_trainer_killed_while_publishing_a_delta_never_shows_serving_a_torn_one(isolated, tmp_path):

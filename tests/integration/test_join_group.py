@@ -106,3 +106,52 @@ def test_a_joiner_group_through_a_kill_and_a_zombie_emits_every_impression_once_
     # the zombie b lost its partitions while stopped and was given some again once awake
     assert "restored from" in c_log.read_text(), c_log.read_text()[-3000:]
     assert b_log.read_text().count("holds partitions") >= 4, b_log.read_text()[-3000:]
+
+
+def test_a_partition_paused_before_a_rebalance_is_fetched_once_the_group_gives_it_back(isolated):
+    """librdkafka keeps a partition's pause through a rebalance. The joiner pauses an impressions
+    partition that runs ahead of its clicks; lost and given back to the same joiner, it must be read
+    again (it once was not: that joiner's watermark stopped, and with it every window it held)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+
+    from stream.join.partitions import assign_fetching
+
+    kafka = isolated.kafka
+    ensure_topics(kafka)
+    topic = kafka.impressions_topic
+    producer = Producer({"bootstrap.servers": kafka.bootstrap})
+    for i in range(20):
+        producer.produce(topic, b"%d" % i, partition=0)
+    producer.flush(30)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka.bootstrap,
+            "group.id": f"{topic}-joiner",
+            "enable.auto.commit": False,
+            "max.partition.fetch.bytes": 1,  # (a record per fetch: some are still unread when paused)
+        }
+    )
+    given: list[list[int]] = []
+
+    def assigned(consumer, partitions) -> None:  # as the joiner's: from its own offsets, here the start
+        given.append(sorted(tp.partition for tp in partitions))
+        assign_fetching(consumer, [TopicPartition(tp.topic, tp.partition, OFFSET_BEGINNING) for tp in partitions])
+
+    def read(seconds: float, until=lambda got: False) -> list:
+        got: list = []
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not until(got):
+            got += [m for m in consumer.consume(100, 0.5) if m.error() is None]
+        return got
+
+    try:
+        consumer.subscribe([topic], on_assign=assigned)
+        assert read(30, until=bool), "nothing read before the pause"
+        consumer.pause([TopicPartition(topic, 0)])
+        consumer.unsubscribe()  # as a joiner whose commit was refused rejoins: revoked, then given back
+        consumer.subscribe([topic], on_assign=assigned)
+        again = read(30, until=lambda got: len(got) >= 20)
+    finally:
+        consumer.close()
+    assert len(given) == 2 and given[1] == [0, 1], given
+    assert sorted(int(m.value()) for m in again if m.partition() == 0) == list(range(20))
