@@ -572,16 +572,16 @@ def cmd_bench(args: argparse.Namespace) -> None:
         from bench.serving import run_serving_bench
 
         config = _config(args)
-        stack.up(config.stack, config.kafka)
-        result = run_serving_bench(
-            config,
-            Path(config.stack.state_dir).resolve() / "bench-logs",
-            rate=args.rate,
-            seconds=args.seconds,
-            fresh_s=args.fresh_seconds,
-            rows=args.rows,
-            step_s=args.step_seconds,
-        )
+        with stack.running(config.stack, config.kafka):
+            result = run_serving_bench(
+                config,
+                Path(config.stack.state_dir).resolve() / "bench-logs",
+                rate=args.rate,
+                seconds=args.seconds,
+                fresh_s=args.fresh_seconds,
+                rows=args.rows,
+                step_s=args.step_seconds,
+            )
     elif args.which == "step":
         from bench.step import run_step_bench
 
@@ -597,16 +597,16 @@ def cmd_bench(args: argparse.Namespace) -> None:
         from bench.join import run_join_bench
 
         config = _config(args)
-        stack.up(config.stack, config.kafka)
-        result = run_join_bench(
-            _schema(config),
-            config.trainer,
-            config.kafka,
-            config.stream,
-            Path(config.stack.state_dir).resolve() / "bench-join",
-            events=args.events or 300_000,
-            drift=args.drift,
-        )
+        with stack.running(config.stack, config.kafka):
+            result = run_join_bench(
+                _schema(config),
+                config.trainer,
+                config.kafka,
+                config.stream,
+                Path(config.stack.state_dir).resolve() / "bench-join",
+                events=args.events or 300_000,
+                drift=args.drift,
+            )
     elif args.which == "accuracy":
         from bench.accuracy import run_accuracy_bench
 
@@ -630,11 +630,16 @@ def cmd_bench(args: argparse.Namespace) -> None:
         from adstream import stack
 
         config = _config(args)
-        stack.up(config.stack, config.kafka)
         log_dir = Path(config.stack.state_dir).resolve() / "bench-logs"
-        result = run_pipeline_bench(
-            config.kafka, config.stream, config.trainer, log_dir, events=args.events or 100_000, criteo_dir=args.criteo
-        )
+        with stack.running(config.stack, config.kafka):
+            result = run_pipeline_bench(
+                config.kafka,
+                config.stream,
+                config.trainer,
+                log_dir,
+                events=args.events or 100_000,
+                criteo_dir=args.criteo,
+            )
     text = json.dumps(json_safe(result), indent=2)
     print(text)
     if args.json:

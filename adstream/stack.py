@@ -11,6 +11,8 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from adstream.errors import CliError
@@ -217,6 +219,22 @@ def up(settings: StackSettings, kafka: KafkaSettings) -> None:
     """Start the broker (topics sized by `kafka`) and MLflow, unless they run already."""
     start_kafka(settings, kafka)
     start_mlflow(settings)
+
+
+@contextmanager
+def running(settings: StackSettings, kafka: KafkaSettings) -> Iterator[None]:
+    """The stack up for the length of a command that needs it (a benchmark); what it had to start
+    is stopped after, so the machine is left as it was found (a broker left on the stack's ports
+    would stop the next `adstream up` of another state folder, or a test, from taking them)."""
+    was_up = {name: bool(service["up"]) for name, service in status(settings).items()}
+    up(settings, kafka)
+    try:
+        yield
+    finally:
+        state = _state(settings)
+        for name in ("mlflow", "kafka"):
+            if not was_up[name]:
+                stop_pid_file(state / f"{name}.pid")
 
 
 def down(settings: StackSettings) -> list[str]:

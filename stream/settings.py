@@ -63,6 +63,9 @@ class StreamSettings:
     batch_events: int = at_least(1, 1024)  # most events per Arrow batch (~400 KB for Criteo: under Kafka's 1 MB)
     take_records: int = at_least(1, 1024)  # Kafka records per agent iteration (lower it when records are large bundles)
     batch_within_s: float = at_least(0, 1.0)  # flush a partial batch after this many seconds
+    # how often a worker commits the offsets of what it has written (Faust's broker_commit_interval):
+    # a killed worker's successor featurizes again at most this much (the trainer drops the copies)
+    commit_interval_s: float = at_least(0.1, 2.8)
     app_id: str = "adstream-featurizer"  # Faust app id = Kafka consumer group
     metrics_port: int = at_least(0, 9300)  # Prometheus endpoint of the worker (worker i: port + i); 0 = off
     metrics_host: str = "127.0.0.1"  # interface it binds; "0.0.0.0" in a container, for the stack's network only

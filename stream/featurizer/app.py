@@ -63,6 +63,7 @@ def build_app(kafka: KafkaSettings, settings: StreamSettings, batch_partitions: 
         topic_allow_declare=True,  # Faust declares its own internal topics; ours exist already
         stream_buffer_maxsize=32768,  # Faust's default (4096) stalls the fetcher behind the agent
         broker_max_poll_records=4096,
+        broker_commit_interval=settings.commit_interval_s,
         stream_wait_empty=False,
         monitor=QuietMonitor(),  # no per-event timings for web pages the worker does not serve
     )
