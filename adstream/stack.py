@@ -11,7 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -231,15 +231,13 @@ def running(settings: StackSettings, kafka: KafkaSettings) -> Iterator[None]:
     try:
         yield
     finally:
-        state = _state(settings)
-        for name in ("mlflow", "kafka"):
-            if not was_up[name]:
-                stop_pid_file(state / f"{name}.pid")
+        down(settings, [name for name, up in was_up.items() if not up])
 
 
-def down(settings: StackSettings) -> list[str]:
+def down(settings: StackSettings, services: Sequence[str] = ("mlflow", "kafka")) -> list[str]:
+    """Stop the stack's `services` (MLflow, then Kafka); returns the ones that were running."""
     state = _state(settings)
-    return [name for name in ("mlflow", "kafka") if stop_pid_file(state / f"{name}.pid")]
+    return [name for name in ("mlflow", "kafka") if name in services and stop_pid_file(state / f"{name}.pid")]
 
 
 def status(settings: StackSettings) -> dict[str, dict[str, object]]:
