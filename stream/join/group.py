@@ -18,8 +18,16 @@ Exactly once across moves, the design (KIP-447's):
   committed for p with its own database's (`open_state`): the same, the database is current; the
   database's previous token, it holds the one chunk whose transaction did not commit (sent again,
   as after a crash); anything else (another joiner moved p on, or this machine never held it), the
-  database is rebuilt from the changelog up to its last stable offset (`restore`), which is the
-  committed state by construction: the changelog records and the offsets were one transaction.
+  database is rebuilt from the changelog (`restore`): read (committed only) until the progress
+  record carrying that token is in, then to the last stable offset. The changelog records and the
+  offsets were one transaction, but they do not become visible at once: the broker answers the
+  commit once it is decided and writes its markers to each partition afterwards, so the offsets
+  (and their token) can be readable while the changelog's last stable offset still stands before
+  that transaction. Reading only to there rebuilt the state without that chunk, and the new owner
+  read its clicks again (a CI run of the cluster: a partition's first chunk looked like an empty
+  changelog, the partition was started again from the beginning and 66 positives were emitted
+  twice). The token says exactly which state the offsets belong to; the offsets themselves are read
+  only once stable (KIP-447: none of their transaction still pending).
 - A joiner's transactional id is `<app_id>-<member>` (`stream.join.member`, the host's name by
   default): a restarted joiner fences its predecessor's open transaction at once; a dead joiner's
   is aborted by the broker after `transaction.timeout.ms`, and until then the changelog's last
@@ -45,8 +53,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from stream.errors import StreamError
-from stream.join.state import PartitionState
+from stream.join.state import PROGRESS, PartitionState
 from stream.kafka.settings import KafkaSettings
 from stream.kafka.topics import topic_config
 from stream.settings import JoinSettings
@@ -100,13 +110,28 @@ def ensure_changelog(kafka: KafkaSettings, join: JoinSettings, partitions: int, 
             raise StreamError(f"join: cannot create the changelog {topic}: {exc}") from None
 
 
-def committed_tokens(consumer: Any, topics: tuple[str, str], partitions: list[int]) -> dict[int, str]:
-    """The token committed with each partition's offsets ("" where nothing was committed)."""
+def committed_tokens(
+    consumer: Any, topics: tuple[str, str], partitions: list[int], timeout_s: float = 60.0
+) -> dict[int, str]:
+    """The token committed with each partition's offsets ("" where nothing was committed), asked
+    again while a partition's offsets are part of a transaction not yet complete (UNSTABLE_OFFSET_COMMIT)."""
     from confluent_kafka import TopicPartition
 
     asked = [TopicPartition(t, p) for p in partitions for t in topics]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        answer = consumer.committed(asked, timeout=timeout_s)
+        failed = [tp for tp in answer if tp.error is not None]
+        if not failed:
+            break
+        if time.monotonic() > deadline:
+            raise StreamError(
+                f"join: the group's committed offsets of {failed[0].topic} [{failed[0].partition}] cannot be read: "
+                f"{failed[0].error} (for {timeout_s:.0f} s); is a transaction of another joiner held open?"
+            )
+        time.sleep(0.2)
     tokens = dict.fromkeys(partitions, "")
-    for tp in consumer.committed(asked, timeout=60):
+    for tp in answer:
         if tp.offset >= 0 and tp.metadata:
             tokens[tp.partition] = tp.metadata
     return tokens
@@ -125,12 +150,16 @@ def open_state(path: Path, token: str, changelog: tuple[str, int], kafka: KafkaS
             log.warning("join: partition %d: its last chunk did not commit; sending it again", changelog[1])
             return state, True
         state.close()
-    return restore(path, changelog, kafka), False
+    return restore(path, changelog, kafka, token), False
 
 
-def restore(path: Path, changelog: tuple[str, int], kafka: KafkaSettings, timeout_s: float = 600.0) -> PartitionState:
+def restore(
+    path: Path, changelog: tuple[str, int], kafka: KafkaSettings, token: str = "", timeout_s: float = 600.0
+) -> PartitionState:
     """Rebuild a partition's database from its changelog partition, read (committed only) from the
-    start to its last stable offset: the state the group's committed offsets belong to."""
+    start until the progress record of the chunk whose `token` the group committed is in ("": none
+    committed) and on to the last stable offset: the state the group's committed offsets belong to
+    (a transaction's markers reach the changelog after the offsets may already be read: wait for them)."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     topic, partition = changelog
@@ -148,27 +177,33 @@ def restore(path: Path, changelog: tuple[str, int], kafka: KafkaSettings, timeou
         }
     )
     records = 0
+    found = not token  # the progress record of the committed chunk read
     try:
         tp = TopicPartition(topic, partition)
         low, high = consumer.get_watermark_offsets(tp, timeout=30)
-        if high > low:
-            consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
-            deadline = time.monotonic() + timeout_s
-            while True:
-                batch = [m for m in consumer.consume(10_000, timeout=0.5) if m.error() is None]
-                state.load([(m.key() or b"", m.value()) for m in batch])
-                records += len(batch)
-                # a read-committed consumer's cached end is the last stable offset: the end of what
-                # committed (an open transaction of the partition's previous owner holds it back)
-                _, stable = consumer.get_watermark_offsets(tp, cached=True)
-                position = consumer.position([tp])[0].offset
-                if stable is not None and stable >= 0 and position >= stable and not batch:
-                    break
-                if time.monotonic() > deadline:
-                    raise StreamError(
-                        f"join: restoring partition {partition} from {topic}: not at its end within {timeout_s:.0f} s "
-                        f"(at {position}, end {stable}); is a transaction of another joiner held open?"
-                    )
+        consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
+        deadline = time.monotonic() + timeout_s
+        while high > low or token:
+            batch = [m for m in consumer.consume(10_000, timeout=0.5) if m.error() is None]
+            changes = [(m.key() or b"", m.value()) for m in batch]
+            state.load(changes)
+            records += len(batch)
+            found = found or any(k == PROGRESS and progress_token(v) == token for k, v in changes)
+            # a read-committed consumer's cached end is the last stable offset: the end of what
+            # committed (an open transaction of the partition's previous owner holds it back)
+            _, stable = consumer.get_watermark_offsets(tp, cached=True)
+            position = consumer.position([tp])[0].offset
+            at_end = stable is not None and stable >= 0 and position >= stable and not batch
+            if at_end and found:
+                break
+            if time.monotonic() > deadline:
+                raise StreamError(
+                    f"join: restoring partition {partition} from {topic}: "
+                    + ("" if found else f"the group's committed chunk {token} is not in it, ")
+                    + f"not at its end within {timeout_s:.0f} s (at {position}, end {stable}); is a transaction "
+                    f"of another joiner held open? (a changelog deleted while the group's offsets were kept "
+                    "never has it: delete the group's offsets too)"
+                )
     finally:
         consumer.close()
     state.close()
@@ -181,3 +216,8 @@ def restore(path: Path, changelog: tuple[str, int], kafka: KafkaSettings, timeou
         time.monotonic() - started,
     )
     return state
+
+
+def progress_token(value: bytes | None) -> str:
+    """The chunk token of a progress record of the changelog ("" for a tombstone)."""
+    return str(orjson.loads(value).get("token", "")) if value else ""

@@ -96,6 +96,7 @@ STATE_BYTES = Gauge("adstream_join_state_bytes", "bytes of join state on disk an
 WATERMARK_LAG = Gauge("adstream_join_watermark_lag_seconds", "wall-clock time minus the lowest partition watermark")
 EXIT_CANNOT_WRITE = 70
 REROUTED_FROM = "adstream-rerouted-from"  # header of a moved record: topic:partition:offset it came from
+JOINED_BY = "adstream-joined-by"  # header of an events record: "<transactional id> partition <p> chunk <n>"
 
 
 class Joiner:
@@ -417,11 +418,14 @@ class Joiner:
         part.outputs = part.state.commit(progress, part.outputs, bundles_before)
 
     def _records(self, part: Partition, emitted: list[Emission]) -> list[PendingOutput]:
-        """Labelled events as records of at most bundle_events events and the message limit."""
+        """Labelled events as records of at most bundle_events events and the message limit, each
+        saying which joiner's chunk wrote it (JOINED_BY: an event seen twice is traced to its writers)."""
         limit = self.kafka.max_message_bytes - RECORD_OVERHEAD
         records = event_records(emitted, self.schema.label, part.state.bundle, self.join.bundle_events, limit)
         to = part.number % self.events_partitions  # an impression's events share a partition, in order
-        return [PendingOutput(self.kafka.events_topic, key, value, (), to) for key, value in records]
+        chunk = part.state.progress.chunk + 1  # (the chunk being closed)
+        by = ((JOINED_BY, f"{self.transactions.transactional_id} partition {part.number} chunk {chunk}".encode()),)
+        return [PendingOutput(self.kafka.events_topic, key, value, by, to) for key, value in records]
 
     def _letter(self, topic: str, rejected: Rejected) -> PendingOutput:
         source = f"{topic}:{rejected.partition}:{rejected.offset}" if rejected.offset >= 0 else topic

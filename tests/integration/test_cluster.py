@@ -141,6 +141,23 @@ def _consume_all(bootstrap: str, topic: str, done, timeout_s: float, quiet_s: fl
     return out
 
 
+def _copies(msgs: list, ids: set[str], imp_ts: dict) -> dict[str, list[dict]]:
+    """Every copy of these events on the events topic: where, its label, the record's time and the
+    joiner chunk that wrote it (stream/join/joiner.py's JOINED_BY header)."""
+    from stream.join.joiner import JOINED_BY
+
+    found: dict[str, list[dict]] = collections.defaultdict(list)
+    for m in msgs:
+        by = dict(m.headers() or []).get(JOINED_BY, b"").decode()
+        for e in read_events(m.value()):
+            if e["event_id"] in ids:
+                at = {"record": f"{m.partition()}:{m.offset()}", "label": e["label"], "by": by}
+                found[e["event_id"]].append(
+                    {**at, "written_ms": m.timestamp()[1], "event_ts": int(imp_ts.get(e["event_id"], -1))}
+                )
+    return dict(found)
+
+
 def _leader(kafka: KafkaSettings, topic: str, partition: int) -> int:
     from confluent_kafka.admin import AdminClient
 
@@ -278,7 +295,8 @@ def test_the_cluster_loses_duplicates_and_mislabels_nothing_through_six_faults(c
     def labelled(msgs: list) -> list[dict]:
         return [e for m in msgs for e in read_events(m.value()) if not e["event_id"].startswith("sentinel-")]
 
-    out = labelled(_consume_all(kafka.bootstrap, kafka.events_topic, lambda m: len(labelled(m)) >= EVENTS, 600, 15))
+    event_msgs = _consume_all(kafka.bootstrap, kafka.events_topic, lambda m: len(labelled(m)) >= EVENTS, 600, 15)
+    out = labelled(event_msgs)
     joined_s = time.monotonic() - t0
     first = collections.Counter(e["event_id"] for e in out)
     positives = {e["event_id"] for e in out if e["label"] == 1}
@@ -288,6 +306,8 @@ def test_the_cluster_loses_duplicates_and_mislabels_nothing_through_six_faults(c
         "wrong_label": len(positives ^ in_window),
         "foreign": len(set(first) - set(imp_ts)),
     }
+    twice = sorted(i for i, n in first.items() if n > 1)[:8]  # traced to the joiner chunks that wrote them
+    duplicates = _copies(event_msgs, set(twice), imp_ts) if twice else {}
 
     # the featurizers: every labelled event in a batch (at-least-once: what they wrote twice counted)
     def batch_ids(msgs: list) -> list[str]:
@@ -405,6 +425,7 @@ def test_the_cluster_loses_duplicates_and_mislabels_nothing_through_six_faults(c
         "all_learned_s": round(trained_s, 1),
         "faults": faults,
         "joiner": joiner,
+        "joiner_duplicates": duplicates,
         "featurizer": featurizer,
         "trainer": trainer,
         "serving": serving,

@@ -155,3 +155,79 @@ def test_a_partition_paused_before_a_rebalance_is_fetched_once_the_group_gives_i
         consumer.close()
     assert len(given) == 2 and given[1] == [0, 1], given
     assert sorted(int(m.value()) for m in again if m.partition() == 0) == list(range(20))
+
+
+@pytest.mark.parametrize("chunks_before", [0, 1])
+def test_a_restore_waits_for_the_changelog_of_the_chunk_whose_offsets_the_group_committed(
+    isolated, tmp_path, chunks_before
+):
+    """A chunk's offsets and its changelog records commit in one transaction, but the broker writes
+    the transaction's markers to each partition after it answers the commit: the offsets (and their
+    token) can be read while the changelog's last stable offset still stands before that chunk. A
+    restore that stopped there rebuilt the state without that chunk, and the new owner read its
+    clicks again: in a CI run of the cluster, a partition's first chunks looked like an empty
+    changelog (a read-committed client asking for the end gets the last stable offset), the new
+    owner started the partition from the beginning and emitted 66 positives a second time.
+    Here the chunk's changelog records wait in an open transaction while its offsets are committed:
+    the restore must wait for them, and hold the chunk's state once they commit."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    from stream.join.group import changelog_topic, ensure_changelog, open_state
+    from stream.join.policy import Entry, Impression
+    from stream.join.state import PartitionState, Progress
+
+    kafka = isolated.kafka
+    join = replace(isolated.stream.join, app_id=f"{kafka.impressions_topic}-joiner", assignment="group")
+    ensure_topics(kafka)
+    ensure_changelog(kafka, join, kafka.partitions)
+    changelog = (changelog_topic(join), 0)
+    writer = PartitionState(tmp_path / "previous-owner", changelog)
+    producer = Producer({"bootstrap.servers": kafka.bootstrap, "transactional.id": f"{join.app_id}-previous"})
+    producer.init_transactions(30)
+
+    def chunk(number: int, commit: bool) -> None:
+        writer.stage(f"impression-{number}", Entry(Impression(f"impression-{number}", number, b"{}"), due=10**9))
+        progress = Progress(number, number, number, number, (), f"t{number}", f"t{number - 1}")
+        producer.begin_transaction()
+        for o in writer.commit(progress, []):
+            producer.produce(o.topic, o.value, o.key, o.partition)
+        producer.flush(30)
+        if commit:
+            producer.commit_transaction(30)
+
+    for number in range(1, chunks_before + 1):
+        chunk(number, commit=True)
+    last = chunks_before + 1
+    chunk(last, commit=False)  # its changelog records are written, their markers not yet
+    group = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": join.app_id, "enable.auto.commit": False})
+    offsets = [TopicPartition(t, 0, last, f"t{last}") for t in (kafka.impressions_topic, kafka.clicks_topic)]
+    group.commit(offsets=offsets, asynchronous=False)  # the chunk's offsets already read as committed
+    group.close()
+
+    restored: dict = {}
+
+    def take_over() -> None:
+        try:
+            restored["state"], restored["resend"] = open_state(tmp_path / "new-owner", f"t{last}", changelog, kafka)
+        except Exception as exc:  # reported below
+            restored["error"] = exc
+
+    taking = threading.Thread(target=take_over)
+    taking.start()
+    taking.join(5)
+    waited = taking.is_alive()
+    producer.commit_transaction(30)  # the markers land
+    taking.join(60)
+    writer.close()
+    assert "error" not in restored, restored.get("error")
+    state = restored["state"]
+    try:
+        assert waited, "the restore ended at the last stable offset, before the committed chunk's state"
+        assert (state.progress.token, state.progress.impressions_offset, restored["resend"]) == (
+            f"t{last}",
+            last,
+            False,
+        )
+        assert all(state.get(f"impression-{n}") is not None for n in range(1, last + 1))
+    finally:
+        state.close()
