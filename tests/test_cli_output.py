@@ -34,6 +34,12 @@ def test_predict_without_a_server_is_one_line_naming_the_address_and_the_fix():
 DOWN = ["--set", "kafka.bootstrap=127.0.0.1:9", "--set", "mlflow.tracking_uri=http://127.0.0.1:9"]
 
 
+# what "at once" means for a command that must not wait on a service: a broker or tracking server
+# wait is 30 s and more; the CLI's own start (Python, its imports) takes seconds on a loaded machine
+# (a loaded run once went past the 15 s this was before)
+AT_ONCE_S = 25
+
+
 def _cli(*args: str) -> tuple[subprocess.CompletedProcess[str], float]:
     import time
 
@@ -70,14 +76,14 @@ def test_with_nothing_running_every_command_says_which_service_in_one_line_withi
         done, seconds = _cli(*full)
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2 and len(lines) == 1, (args, done.stderr[-2000:])
-        assert service in lines[0] and "adstream up" in lines[0] and seconds < 15, (args, lines, seconds)
+        assert service in lines[0] and "adstream up" in lines[0] and seconds < AT_ONCE_S, (args, lines, seconds)
     listener.close()
 
 
 def test_replay_looks_at_its_files_before_the_broker():
     """A mistyped path with no broker used to cost 30 s on Kafka and name neither."""
     done, seconds = _cli(*DOWN, "replay", "/no/such/day_0.txt")
-    assert done.returncode == 2 and seconds < 15
+    assert done.returncode == 2 and seconds < AT_ONCE_S
     assert done.stderr.strip() == "adstream replay: no such file '/no/such/day_0.txt'"
 
 
@@ -87,7 +93,7 @@ def test_replay_of_a_log_under_the_wrong_schema_stops_naming_the_schema_that_rea
 
     log = avazu_csv(tmp_path / "train.csv", 300)
     done, seconds = _cli(*DOWN, "replay", str(log))
-    assert done.returncode == 2 and seconds < 15, done.stderr[-2000:]
+    assert done.returncode == 2 and seconds < AT_ONCE_S, done.stderr[-2000:]
     message = done.stderr.strip()
     assert "reads under schema 'criteo'" in message and "--set stream.schema=avazu" in message
     done, _ = _cli(*DOWN, "--set", "stream.schema=avazu", "replay", str(log))
