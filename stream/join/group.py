@@ -50,6 +50,7 @@ import logging
 import shutil
 import socket
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,7 @@ import orjson
 
 from stream.errors import StreamError
 from stream.join.state import PROGRESS, PartitionState
+from stream.kafka.retry import retrying
 from stream.kafka.settings import KafkaSettings
 from stream.kafka.topics import topic_config
 from stream.settings import JoinSettings
@@ -120,7 +122,9 @@ def committed_tokens(
     asked = [TopicPartition(t, p) for p in partitions for t in topics]
     deadline = time.monotonic() + timeout_s
     while True:
-        answer = consumer.committed(asked, timeout=timeout_s)
+        answer = retrying(
+            partial(consumer.committed, asked, timeout=10), "the group's committed offsets", log, timeout_s
+        )
         failed = [tp for tp in answer if tp.error is not None]
         if not failed:
             break
@@ -180,7 +184,8 @@ def restore(
     found = not token  # the progress record of the committed chunk read
     try:
         tp = TopicPartition(topic, partition)
-        low, high = consumer.get_watermark_offsets(tp, timeout=30)
+        end = partial(consumer.get_watermark_offsets, tp, timeout=10)  # (retried while the broker is away)
+        low, high = retrying(end, f"the end of {topic} [{partition}]", log, give_up_s=timeout_s)
         consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
         deadline = time.monotonic() + timeout_s
         while high > low or token:
