@@ -54,10 +54,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from stream.errors import StreamError
-from stream.join.state import PROGRESS, PartitionState
+from stream.join.state import PROGRESS, PartitionState, decode_progress
 from stream.kafka.retry import retrying
 from stream.kafka.settings import KafkaSettings
 from stream.kafka.topics import topic_config
@@ -116,26 +114,21 @@ def committed_tokens(
     consumer: Any, topics: tuple[str, str], partitions: list[int], timeout_s: float = 60.0
 ) -> dict[int, str]:
     """The token committed with each partition's offsets ("" where nothing was committed), asked
-    again while a partition's offsets are part of a transaction not yet complete (UNSTABLE_OFFSET_COMMIT)."""
-    from confluent_kafka import TopicPartition
+    again while the broker is away or a partition's offsets are part of a transaction not yet
+    complete (UNSTABLE_OFFSET_COMMIT, once librdkafka's own retries are spent)."""
+    from confluent_kafka import KafkaException, TopicPartition
 
     asked = [TopicPartition(t, p) for p in partitions for t in topics]
-    deadline = time.monotonic() + timeout_s
-    while True:
-        answer = retrying(
-            partial(consumer.committed, asked, timeout=10), "the group's committed offsets", log, timeout_s
-        )
-        failed = [tp for tp in answer if tp.error is not None]
-        if not failed:
-            break
-        if time.monotonic() > deadline:
-            raise StreamError(
-                f"join: the group's committed offsets of {failed[0].topic} [{failed[0].partition}] cannot be read: "
-                f"{failed[0].error} (for {timeout_s:.0f} s); is a transaction of another joiner held open?"
-            )
-        time.sleep(0.2)
+
+    def ask() -> list[Any]:
+        answer = consumer.committed(asked, timeout=10)
+        failed = next((tp.error for tp in answer if tp.error is not None), None)
+        if failed is not None:
+            raise KafkaException(failed)
+        return answer
+
     tokens = dict.fromkeys(partitions, "")
-    for tp in answer:
+    for tp in retrying(ask, "reading the group's committed offsets", log, give_up_s=timeout_s):
         if tp.offset >= 0 and tp.metadata:
             tokens[tp.partition] = tp.metadata
     return tokens
@@ -184,6 +177,7 @@ def restore(
     found = not token  # the progress record of the committed chunk read
     try:
         tp = TopicPartition(topic, partition)
+        # an empty changelog (no token committed) is read no further: its cached end never comes
         end = partial(consumer.get_watermark_offsets, tp, timeout=10)  # (retried while the broker is away)
         low, high = retrying(end, f"the end of {topic} [{partition}]", log, give_up_s=timeout_s)
         consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
@@ -193,7 +187,7 @@ def restore(
             changes = [(m.key() or b"", m.value()) for m in batch]
             state.load(changes)
             records += len(batch)
-            found = found or any(k == PROGRESS and progress_token(v) == token for k, v in changes)
+            found = found or any(k == PROGRESS and v and decode_progress(v).token == token for k, v in changes)
             # a read-committed consumer's cached end is the last stable offset: the end of what
             # committed (an open transaction of the partition's previous owner holds it back)
             _, stable = consumer.get_watermark_offsets(tp, cached=True)
@@ -221,8 +215,3 @@ def restore(
         time.monotonic() - started,
     )
     return state
-
-
-def progress_token(value: bytes | None) -> str:
-    """The chunk token of a progress record of the changelog ("" for a tombstone)."""
-    return str(orjson.loads(value).get("token", "")) if value else ""

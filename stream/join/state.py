@@ -103,6 +103,12 @@ class Progress:
     previous: str = ""  # the chunk before's token
 
 
+def decode_progress(raw: bytes) -> Progress:
+    """A stored progress record (the database's, or the changelog's copy of it)."""
+    progress = Progress(**orjson.loads(raw))
+    return replace(progress, holds=tuple(tuple(h) for h in progress.holds))  # type: ignore[misc]
+
+
 @dataclass(frozen=True)
 class PendingOutput:
     """One record a chunk writes: to the events topic (a labelled bundle), the dead-letter topic, an
@@ -168,8 +174,7 @@ class PartitionState:
         self._staged: dict[str, Entry | None] = {}
         self._read: dict[str, bytes | None] = {}  # entries read ahead (`preload`) for this chunk
         raw = self.db.get(PROGRESS)
-        self.progress = Progress(**orjson.loads(raw)) if raw is not None else Progress()
-        self.progress = replace(self.progress, holds=tuple(tuple(h) for h in self.progress.holds))  # type: ignore[misc]
+        self.progress = decode_progress(raw) if raw is not None else Progress()  # type: ignore[arg-type]
         # the stored bundles' newest row times by offset, oldest first (keys only: no bundle is read)
         self._bundles: dict[int, int] = {}
         for key in self.db.keys(from_key=BUNDLE):

@@ -36,6 +36,7 @@ TRANSIENT_NAMES = frozenset(
         "_TIMED_OUT_QUEUE",
         "_MSG_TIMED_OUT",
         "_WAIT_COORD",
+        "UNSTABLE_OFFSET_COMMIT",  # committed offsets of a transaction whose markers are on their way
     }
 )
 
