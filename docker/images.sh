@@ -65,10 +65,10 @@ if ! podman image exists "localhost/adstream-kafka:$kafka_version"; then
   rm -rf "$context"
 fi
 
-if ! podman image exists localhost/adstream-infra:bookworm; then
-  say "infra: podman build adstream-infra:bookworm (PostgreSQL, HAProxy)"
-  podman build -q --build-arg BASE="$base" -t adstream-infra:bookworm docker/cluster >/dev/null
-fi
+# built every time, like the project below: the packages' layer is cached, and a changed
+# haproxy.cfg or postgres-run.sh reaches the image (a check for the image alone kept an old one)
+say "infra: podman build adstream-infra:bookworm (PostgreSQL, HAProxy; cached layers where nothing changed)"
+podman build -q --build-arg BASE="$base" -t adstream-infra:bookworm docker/cluster >/dev/null
 
 wheels="$cache/wheels"
 mkdir -p "$wheels"
