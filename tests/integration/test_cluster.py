@@ -192,6 +192,13 @@ def _first_line_after(service: str, text: str, after: float) -> float | None:
     return None
 
 
+def _holds_partitions(service: str) -> bool:
+    """Whether the joiner's newest assignment (its last "holds partitions [...]" line) is not empty."""
+    logs = subprocess.run(["podman", "logs", container(service)], capture_output=True, text=True, timeout=60)
+    held = [line for line in (logs.stdout + logs.stderr).splitlines() if "holds partitions [" in line]
+    return bool(held) and not held[-1].rstrip().endswith("[]")
+
+
 def _all_in_sync(kafka: KafkaSettings, since: float, out: dict) -> None:
     """Polls until every partition of adstream's topics has its 3 replicas in sync again; the
     seconds since `since` into out["replicas_in_sync_after_s"]."""
@@ -236,6 +243,9 @@ def test_the_cluster_loses_duplicates_and_mislabels_nothing_through_six_faults(c
     records = list(interleave([split], schema, kafka.impressions_topic, kafka.clicks_topic, PARTITIONS, 20, "arrow"))
     tail_records = sentinel_records(log, schema, kafka, PARTITIONS)
 
+    # each fault must hit a process at work: the joiner killed at 40 s holds partitions by then only
+    # if both had joined the group before the feed (a CI run's joiner-1 had not: nothing moved)
+    until("both joiners holding partitions", lambda: all(map(_holds_partitions, ("joiner-1", "joiner-2"))), 300)
     fed: dict[str, object] = {}
 
     def feed() -> None:
