@@ -174,13 +174,18 @@ def _running(service: str) -> bool:
     return podman("inspect", "-f", "{{.State.Running}}", container(service)).strip() == "true"
 
 
+def _log_lines(service: str) -> list[str]:
+    """The service's container's whole log so far (stdout and stderr), by line."""
+    logs = subprocess.run(["podman", "logs", container(service)], capture_output=True, text=True, timeout=60)
+    return (logs.stdout + logs.stderr).splitlines()
+
+
 def _first_line_after(service: str, text: str, after: float) -> float | None:
     """Seconds from `after` (a wall-clock time) to the first log line of the service's process
     holding `text` logged after it (adstream's log lines start with their UTC time)."""
     import datetime
 
-    logs = subprocess.run(["podman", "logs", container(service)], capture_output=True, text=True, timeout=60)
-    for line in (logs.stdout + logs.stderr).splitlines():
+    for line in _log_lines(service):
         if text not in line or len(line) < 23 or not line[:4].isdigit():
             continue
         try:
@@ -194,8 +199,7 @@ def _first_line_after(service: str, text: str, after: float) -> float | None:
 
 def _holds_partitions(service: str) -> bool:
     """Whether the joiner's newest assignment (its last "holds partitions [...]" line) is not empty."""
-    logs = subprocess.run(["podman", "logs", container(service)], capture_output=True, text=True, timeout=60)
-    held = [line for line in (logs.stdout + logs.stderr).splitlines() if "holds partitions [" in line]
+    held = [line for line in _log_lines(service) if "holds partitions [" in line]
     return bool(held) and not held[-1].rstrip().endswith("[]")
 
 
