@@ -412,6 +412,8 @@ def test_the_cluster_loses_duplicates_and_mislabels_nothing_through_six_faults(c
         "after_kill": len(outcomes) - killed_at,
         "failed": sum(s != "200" for s in outcomes),
         "failures": dict(collections.Counter(s for s in outcomes if s != "200")),
+        # why the proxy took the killed replica out (its last DOWN line: the one before is its start)
+        "taken_out_by": [line for line in _log_lines("proxy") if "serving-1 is DOWN" in line][-1].split("reason: ")[-1],
     }
 
     # throughput: a backlog of labelled events put straight onto the events topic (the joiners'
@@ -453,4 +455,7 @@ def test_the_cluster_loses_duplicates_and_mislabels_nothing_through_six_faults(c
     assert featurizer["lost"] == 0 and featurizer["from_two_source_records"] == 0, f"featurizer: {featurizer}"
     assert trainer["duplicated_or_lost"] == 0, f"trainer: {trainer}"
     assert serving["failed"] == 0 and serving["after_kill"] > 100, f"serving: {serving}"
+    # the first request that could not connect took it out, not the health checks seconds later
+    # (docker/cluster/haproxy.cfg `observe layer4 ... on-error mark-down`)
+    assert serving["taken_out_by"].startswith("Health analyze"), f"serving: {serving}"
     assert all(_running(s) for s in ("kafka-1", "kafka-2", "kafka-3", "joiner-1", "joiner-2", "trainer-0", "trainer-1"))
